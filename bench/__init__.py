@@ -1,0 +1,1 @@
+"""Throughput and latency benchmarks (SDPaxos vs Multi-Paxos, Cellar vs peers)."""

@@ -1,0 +1,1 @@
+"""Fault-injection harness: histories, models, a linearizability checker, nemeses."""

@@ -1,0 +1,1 @@
+"""HiveD's GPU-cluster scheduler model as a deterministic replicated state machine."""

@@ -1,0 +1,51 @@
+"""The ``cellar`` command line: one entry point for the whole product.
+
+Subcommands live next to the code they drive and are imported only when used, so
+``cellar --help`` stays fast and a broken optional piece cannot break the others.
+Each entry of ``SUBCOMMANDS`` maps a name to ``module:attribute`` (a click command).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("consensus.sim.cli:sim", "Run one seeded simulation of SDPaxos or Multi-Paxos."),
+    "check": ("jepsen_like.cli:check", "Check a history for linearizability."),
+    "scheduler": ("scheduler_state.cli:scheduler", "HiveD scheduler state machine tools."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None or cmd_name not in SUBCOMMANDS:
+            return command
+        target, _ = SUBCOMMANDS[cmd_name]
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                raise click.ClickException(f"'{cmd_name}' is not available in this build") from exc
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SUBCOMMANDS[name][1]) for name in sorted(SUBCOMMANDS)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cellar")
+def main() -> None:
+    """Cellar: a replicated control-plane state store built on SDPaxos."""
