@@ -1,0 +1,1 @@
+"""The consensus protocols as pure state machines (see ``consensus.core.replica``)."""
