@@ -1,0 +1,71 @@
+"""Static configuration shared by the protocol state machines.
+
+Time is counted in ticks; the driver (simulator or asyncio runtime) decides how long a
+tick is and passes ``tick_ms`` only so that ``from_ms`` can turn milliseconds into
+ticks. Nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Ballots are ``round << BALLOT_BITS | proposer`` so two proposers never share one.
+BALLOT_BITS = 5
+MAX_REPLICAS = 1 << BALLOT_BITS
+
+# O-slot value meaning "no command leader": executed as a no-op (paper §3.3, "no-cl").
+NOCL = -1
+
+
+def make_ballot(round_: int, proposer: int) -> int:
+    return (round_ << BALLOT_BITS) | proposer
+
+
+def ballot_round(ballot: int) -> int:
+    return ballot >> BALLOT_BITS
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """Everything a replica needs to know about the cluster and its timers.
+
+    ``peer_order[r]`` lists r's peers nearest first; thrifty messaging sends accepts to
+    the first ``majority - 1`` of them and the rest only on resend.
+    """
+
+    n: int
+    initial_sequencer: int = 0
+    tick_ms: float = 10.0
+    batch_max: int = 256
+    inflight_max: int = 32
+    thrifty: bool = True
+    resend_ticks: int = 50
+    heartbeat_ticks: int = 10
+    election_ticks: int = 50
+    peer_order: tuple[tuple[int, ...], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n <= MAX_REPLICAS:
+            raise ValueError(f"replica count must be 1..{MAX_REPLICAS}, got {self.n}")
+        if not 0 <= self.initial_sequencer < self.n:
+            raise ValueError(f"sequencer {self.initial_sequencer} is not a replica id")
+        if self.batch_max < 1 or self.inflight_max < 1:
+            raise ValueError("batch_max and inflight_max must be >= 1")
+        if not self.peer_order:
+            order = tuple(tuple((r + 1 + k) % self.n for k in range(self.n - 1)) for r in range(self.n))
+            object.__setattr__(self, "peer_order", order)
+        for r, peers in enumerate(self.peer_order):
+            if sorted(peers) != [p for p in range(self.n) if p != r]:
+                raise ValueError(f"peer_order[{r}] must list every other replica once")
+
+    @property
+    def quorum(self) -> int:
+        return majority(self.n)
+
+    def ticks(self, ms: float) -> int:
+        """Milliseconds to ticks, at least one."""
+        return max(1, round(ms / self.tick_ms))

@@ -1,0 +1,267 @@
+"""Protocol messages and the one msgpack codec they travel in.
+
+Every message is a small frozen, slotted dataclass. On the wire a message is a list
+``[code, field, field, ...]`` and an *envelope* (what one network send carries) is
+``[src, [msg, msg, ...]]``: all messages a replica produces for one destination during
+one ``ready()`` go out together, which is how O-messages ride on C-messages (the
+paper's message merging) and how batching saves packets.
+
+Naming follows the SDPaxos paper (``../shared/papers``):
+
+- C-instances (replication): ``CAccept`` / ``CAck`` / ``CCommit`` / ``CRequest``,
+  and for recovery of another leader's instances ``CPrepare`` / ``CPromise``.
+- O-instances (ordering): ``OAccept`` (a batch of consecutive slots) / ``OAck``
+  (cumulative: "I accepted every slot below ``prefix`` in this view") / ``OCommit``
+  (cumulative committed prefix, carrying the values a peer may lack).
+- Multi-Paxos baseline: ``Forward`` / ``MAccept`` / ``MAck`` / ``MCommit``.
+- Catch-up: ``Fetch`` asks for committed state a replica lacks.
+
+``decode_envelope`` validates shape and field types and raises
+``RemoteProtocolError`` on anything malformed, so a runtime can close only the
+offending connection (h11's habit), never crash.
+
+A command inside ``cmds`` is ``[client_id, seq, op]``: ``client_id`` is an int or
+str, ``seq`` an int, ``op`` any msgpack value the state machine understands.
+``cmds`` is ``None`` for a no-op (recovered C-instance with nothing chosen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import msgpack
+
+
+class RemoteProtocolError(Exception):
+    """A peer sent something that is not a valid message (close that connection)."""
+
+
+# Field kinds used for validation on decode.
+_INT = "int"
+_BOOL = "bool"
+_LIST = "list"
+_OPT_LIST = "list?"
+_ANY = "any"
+
+
+def _check(kind: str, value: Any) -> bool:
+    if kind == _INT:
+        return type(value) is int
+    if kind == _BOOL:
+        return type(value) is bool
+    if kind == _LIST:
+        return type(value) is list
+    if kind == _OPT_LIST:
+        return value is None or type(value) is list
+    return True
+
+
+class Message:
+    """Base class: every message names the sender's ``view``."""
+
+    code: ClassVar[int]
+    kinds: ClassVar[tuple[str, ...]]
+    __slots__ = ()
+
+
+_REGISTRY: dict[int, type] = {}
+
+
+def _message(code: int, *kinds: str):
+    def wrap(cls):
+        cls = dataclass(frozen=True, slots=True)(cls)
+        assert len(fields(cls)) == len(kinds), cls
+        cls.code = code
+        cls.kinds = kinds
+        assert code not in _REGISTRY
+        _REGISTRY[code] = cls
+        return cls
+
+    return wrap
+
+
+# --- C-instances -----------------------------------------------------------------
+
+
+@_message(1, _INT, _INT, _INT, _INT, _OPT_LIST)
+class CAccept(Message):
+    """Phase 2a of C-instance ``inst`` of ``leader`` at ``ballot``."""
+
+    view: int
+    leader: int
+    inst: int
+    ballot: int
+    cmds: list | None
+
+
+@_message(2, _INT, _INT, _INT, _INT, _BOOL)
+class CAck(Message):
+    """Phase 2b reply; ``ok`` False carries the higher ballot that was promised."""
+
+    view: int
+    leader: int
+    inst: int
+    ballot: int
+    ok: bool
+
+
+@_message(3, _INT, _INT, _INT, _INT, _BOOL, _OPT_LIST)
+class CCommit(Message):
+    """C-instance chosen. ``full`` False: the receiver acked this ballot, no cmds sent."""
+
+    view: int
+    leader: int
+    inst: int
+    ballot: int
+    full: bool
+    cmds: list | None
+
+
+@_message(4, _INT, _INT, _INT, _LIST)
+class CRequest(Message):
+    """Ask the sequencer to order ``leader``'s instances up to ``inst`` (keys: for reads)."""
+
+    view: int
+    leader: int
+    inst: int
+    keys: list
+
+
+@_message(5, _INT, _INT, _INT, _INT, _INT)
+class CPrepare(Message):
+    """Phase 1a over ``leader``'s instances ``>= from_inst`` at ``ballot`` (recovery)."""
+
+    view: int
+    leader: int
+    from_inst: int
+    ballot: int
+    upto_inst: int
+
+
+@_message(6, _INT, _INT, _INT, _BOOL, _LIST)
+class CPromise(Message):
+    """Phase 1b: ``accepted`` is ``[[inst, ballot, cmds, committed], ...]``."""
+
+    view: int
+    leader: int
+    ballot: int
+    ok: bool
+    accepted: list
+
+
+# --- O-instances -----------------------------------------------------------------
+
+
+@_message(10, _INT, _INT, _LIST)
+class OAccept(Message):
+    """Phase 2a of O-slots ``start .. start+len(leaders)-1`` at ballot ``view``.
+
+    ``leaders[k]`` is the command leader assigned to slot ``start+k`` (or NOCL).
+    """
+
+    view: int
+    start: int
+    leaders: list
+
+
+@_message(11, _INT, _INT)
+class OAck(Message):
+    """Cumulative phase 2b: every O-slot below ``prefix`` is accepted in ``view``."""
+
+    view: int
+    prefix: int
+
+
+@_message(12, _INT, _INT, _INT, _LIST)
+class OCommit(Message):
+    """Every O-slot below ``upto`` is chosen; values for ``start ..`` are included."""
+
+    view: int
+    upto: int
+    start: int
+    leaders: list
+
+
+# --- Multi-Paxos baseline ----------------------------------------------------------
+
+
+@_message(20, _INT, _LIST)
+class Forward(Message):
+    """A non-leader hands client commands to the leader."""
+
+    view: int
+    cmds: list
+
+
+@_message(21, _INT, _INT, _LIST)
+class MAccept(Message):
+    """Phase 2a of log slots ``start ..`` (one batch of commands per slot)."""
+
+    view: int
+    start: int
+    batches: list
+
+
+@_message(22, _INT, _INT)
+class MAck(Message):
+    """Cumulative phase 2b: every slot below ``prefix`` accepted in ``view``."""
+
+    view: int
+    prefix: int
+
+
+@_message(23, _INT, _INT, _INT, _LIST)
+class MCommit(Message):
+    """Every slot below ``upto`` is chosen; batches for ``start ..`` included."""
+
+    view: int
+    upto: int
+    start: int
+    batches: list
+
+
+# --- Catch-up ----------------------------------------------------------------------
+
+
+@_message(30, _INT, _INT, _INT)
+class Fetch(Message):
+    """Ask a peer for C-instance ``inst`` of ``leader`` (committed value) — catch-up."""
+
+    view: int
+    leader: int
+    inst: int
+
+
+def encode_message(msg: Message) -> list:
+    return [msg.code, *[getattr(msg, f) for f in msg.__slots__]]
+
+
+def decode_message(raw: Any) -> Message:
+    if type(raw) is not list or not raw or type(raw[0]) is not int:
+        raise RemoteProtocolError("message is not a [code, ...] list")
+    cls = _REGISTRY.get(raw[0])
+    if cls is None:
+        raise RemoteProtocolError(f"unknown message code {raw[0]}")
+    kinds = cls.kinds
+    if len(raw) != len(kinds) + 1:
+        raise RemoteProtocolError(f"{cls.__name__}: expected {len(kinds)} fields, got {len(raw) - 1}")
+    for kind, value in zip(kinds, raw[1:]):
+        if not _check(kind, value):
+            raise RemoteProtocolError(f"{cls.__name__}: bad field value {value!r:.40}")
+    return cls(*raw[1:])
+
+
+def encode_envelope(src: int, msgs: list[Message]) -> bytes:
+    """One encode per network send: ``[src, [msg, ...]]`` as msgpack bytes."""
+    return msgpack.packb([src, [encode_message(m) for m in msgs]], use_bin_type=True)
+
+
+def decode_envelope(data: bytes) -> tuple[int, list[Message]]:
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise RemoteProtocolError(f"undecodable envelope: {exc}") from None
+    if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not int or type(raw[1]) is not list:
+        raise RemoteProtocolError("envelope is not [src, [msgs]]")
+    return raw[0], [decode_message(m) for m in raw[1]]

@@ -1,0 +1,52 @@
+"""What a replica asks its driver to do: the ``Ready`` batch of effects.
+
+The contract, in the order the driver must follow (as etcd raft's ``Ready``):
+
+1. **persist** every record in ``persist``, in order, and make them durable (fsync,
+   possibly group-committed with other replicas' writes) — *before* step 2. These are
+   promises, accepted C- and O-instances, views and commit markers; an acceptor's
+   reply must never leave before the state it vouches for is on disk.
+2. **send** ``messages``: one envelope per destination, ``(dst, [msg, ...])``.
+3. **deliver** ``replies`` to the clients that proposed them.
+4. ``executed`` reports what was applied to the state machine, in global order, for
+   observers (simulator checks, metrics); the driver need not act on it.
+
+A driver that cannot persist (disk full, I/O error) must stop the replica rather than
+send: sending without persisting breaks the protocol's safety argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to one client command. ``result`` is None for a blind write."""
+
+    client: Any
+    seq: int
+    result: Any = None
+    ok: bool = True
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Executed:
+    """One batch applied at global position ``slot`` (``label`` says where it came from)."""
+
+    slot: int
+    label: tuple
+    cmds: list | None
+
+
+@dataclass(slots=True)
+class Ready:
+    persist: list = field(default_factory=list)
+    messages: list = field(default_factory=list)
+    replies: list = field(default_factory=list)
+    executed: list = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.persist or self.messages or self.replies or self.executed)

@@ -1,0 +1,444 @@
+"""A seeded discrete-event simulator that drives the real protocol code.
+
+One ``random.Random(seed)`` hands sub-seeds to the network, the replicas' private
+generators, the workload and the fault schedule (TigerBeetle's VOPR habit). Virtual
+time is an integer number of microseconds; events sit in a heap ordered by
+``(time, sequence number)`` so ties break the same way every run. Every message
+crosses the msgpack codec, as on a real wire, and every processed event is folded
+into ``trace_hash``: same seed, same hash, bit for bit.
+
+Each replica has a durable "disk": the records of its ``Ready.persist``, written
+before its messages leave (persist-before-send). A crash throws the replica object
+away (volatile state is lost); a restart builds a new one from the disk.
+
+Closed-loop clients sit at sites next to replicas and send each command to their own
+replica; with ``client_timeout_ms`` they resend the same command (same client id and
+sequence number, so the replicas' sessions execute it at most once) to the next
+replica that is up.
+
+At the end the run stops the clients, lets the cluster drain, and checks:
+``consistent`` (every replica incarnation executed a prefix of one sequence),
+``lost_acked`` (acknowledged commands that were not applied), ``duplicated``
+(commands applied twice), and that every result a client saw equals what a
+sequential replay of the executed order produces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from consensus.core.config import ProtocolConfig
+from consensus.core.executor import Executor
+from consensus.core.messages import decode_envelope, encode_envelope
+from consensus.core.multipaxos import MultiPaxosReplica
+from consensus.core.sdpaxos import SDPaxosReplica
+from consensus.kv import KVStateMachine
+
+from .geo import peer_order, sites_for
+from .network import SimNetwork
+
+PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
+
+# Event kinds
+_TICK, _DELIVER, _REQUEST, _REPLY, _CLIENT_TIMEOUT, _FAULT, _CLIENT_START = range(7)
+
+
+@dataclass
+class SimConfig:
+    protocol: str = "sdpaxos"
+    replicas: int = 3
+    rtt: str = "geo"
+    rtt_file: str | None = None
+    sequencer: int = 0
+    clients_per_site: int = 1
+    seconds: float = 10.0
+    seed: int = 1
+    batch: int = 256
+    inflight: int = 32
+    tick_ms: float = 10.0
+    resend_ms: float = 500.0
+    heartbeat_ms: float = 100.0
+    election_ms: float = 500.0
+    thrifty: bool = True
+    jitter: float = 0.0
+    jitter_ms_min: float = 0.0
+    loss: float = 0.0
+    dup: float = 0.0
+    read_fraction: float = 0.0
+    keys: int = 8
+    client_timeout_ms: float = 0.0
+    # After the load stops, run until quiet (every client answered, every live
+    # replica executed the same log) or at most this long.
+    drain_seconds: float = 30.0
+    # Processing cost: a node handles one event at a time, each costing
+    # cpu_us_event + cpu_us_msg per message, times its slowness factor.
+    cpu_us_event: float = 10.0
+    cpu_us_msg: float = 1.0
+    faults: list = field(default_factory=list)  # [(ms, action, *args)]
+
+
+@dataclass
+class Client:
+    cid: int
+    site: int
+    seq: int = 0
+    target: int = 0
+    op: Any = None
+    needs_result: bool = False
+    t_send: int = 0  # first send of the current command (µs)
+    attempt: int = 0
+    active: bool = True
+    history: list = field(default_factory=list)  # (t_invoke, t_complete, op, result, acked)
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig) -> None:
+        if cfg.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {cfg.protocol!r} (sdpaxos or multipaxos)")
+        self.cfg = cfg
+        self.sites, self.rtt_ms = sites_for(cfg.replicas, cfg.rtt, cfg.rtt_file)
+        n = self.n = cfg.replicas
+        if not 0 <= cfg.sequencer < n:
+            raise ValueError(f"sequencer index {cfg.sequencer} outside 0..{n - 1}")
+        root = random.Random(cfg.seed)
+        self._net_rng = random.Random(root.getrandbits(64))
+        self._work_rng = random.Random(root.getrandbits(64))
+        self._node_seeds = [root.getrandbits(64) for _ in range(n)]
+        self._tick_phase = [root.randrange(1000, int(cfg.tick_ms * 1000) + 1000) for _ in range(n)]
+        one_way = [[max(1, int(round(self.rtt_ms[a][b] * 500))) for b in range(n)] for a in range(n)]
+        self.net = SimNetwork(self._net_rng, one_way)
+        self.net.jitter = cfg.jitter
+        self.net.jitter_us_min = int(cfg.jitter_ms_min * 1000)
+        self.net.loss = cfg.loss
+        self.net.dup = cfg.dup
+        tick = cfg.tick_ms
+        self.pcfg = ProtocolConfig(
+            n=n,
+            initial_sequencer=cfg.sequencer,
+            tick_ms=tick,
+            batch_max=cfg.batch,
+            inflight_max=cfg.inflight,
+            thrifty=cfg.thrifty,
+            resend_ticks=max(1, round(cfg.resend_ms / tick)),
+            heartbeat_ticks=max(1, round(cfg.heartbeat_ms / tick)),
+            election_ticks=max(2, round(cfg.election_ms / tick)),
+            peer_order=peer_order(self.rtt_ms),
+        )
+        self.cls = PROTOCOLS[cfg.protocol]
+        self.disks: list[list] = [[] for _ in range(n)]
+        self.nodes: list[Any] = [None] * n
+        self.incarnation = [0] * n
+        self.exec_logs: list[list] = []  # one per incarnation: [(label, ids), ...]
+        self._exec_log_of: list[list] = [[] for _ in range(n)]
+        self.now = 0
+        self._seq = 0
+        self._heap: list = []
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.events = 0
+        self.clients: dict[int, Client] = {}
+        self.latency_us: list[list[int]] = [[] for _ in range(n)]
+        self.exec_latency_us: list[list[int]] = [[] for _ in range(n)]
+        self.commit_times: list[list[int]] = [[] for _ in range(n)]
+        self._awaiting_exec: dict[tuple, tuple[int, int]] = {}
+        self.acked: set[tuple] = set()
+        self.client_results: dict[tuple, Any] = {}
+        self.sent_ops: dict[tuple, Any] = {}
+        self.stop_us = int(cfg.seconds * 1_000_000)
+        self.messages_sent = 0
+        self.crashed_at: dict[int, int] = {}
+        self.busy_until = [0] * n
+        self.slowness = [1.0] * n
+        for node in range(n):
+            self._start_node(node)
+        for site in range(n):
+            for k in range(cfg.clients_per_site):
+                cid = site * 1000 + k
+                self.clients[cid] = Client(cid, site, target=site)
+                # Stagger client starts a little so they do not move in lockstep.
+                self._push(self._work_rng.randrange(0, 2000), _CLIENT_START, cid, 0)
+        self._pending_faults = []
+        for spec in cfg.faults:
+            self._push(int(spec[0] * 1000), _FAULT, tuple(spec[1:]), 0)
+            self._pending_faults.append(int(spec[0] * 1000))
+
+    # --- event plumbing -------------------------------------------------------------------
+
+    def _push(self, t: int, kind: int, a: Any, b: Any, c: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b, c))
+
+    def _start_node(self, node: int) -> None:
+        self.incarnation[node] += 1
+        rng = random.Random(self._node_seeds[node] + self.incarnation[node])
+        self.nodes[node] = self.cls(node, self.pcfg, KVStateMachine(), records=list(self.disks[node]), rng=rng)
+        log: list = []
+        self.exec_logs.append(log)
+        self._exec_log_of[node] = log
+        self._push(self.now + self._tick_phase[node], _TICK, node, self.incarnation[node])
+        self._drain(node)
+
+    def crash(self, node: int) -> None:
+        if self.nodes[node] is not None:
+            self.nodes[node] = None
+            self.crashed_at[node] = self.now
+
+    def restart(self, node: int) -> None:
+        if self.nodes[node] is None:
+            self._start_node(node)
+
+    def _drain(self, node: int) -> None:
+        """Carry out a replica's effects: persist, then send, then reply."""
+        replica = self.nodes[node]
+        rd = replica.ready()
+        if rd.persist:
+            self.disks[node].extend(rd.persist)
+        now = self.now
+        for dst, msgs in rd.messages:
+            data = encode_envelope(node, msgs)
+            self.messages_sent += 1
+            for delay in self.net.plan(node, dst):
+                self._push(now + delay, _DELIVER, dst, node, (data, self.incarnation[dst], len(msgs)))
+        for reply in rd.replies:
+            client = self.clients.get(reply.client)
+            if client is not None:
+                delay = self.net.one_way_us[node][client.site] if client.site != node else self._local_us(node)
+                self._push(now + delay, _REPLY, reply.client, reply.seq, reply.result)
+        if rd.executed:
+            log = self._exec_log_of[node]
+            awaiting = self._awaiting_exec
+            for ex in rd.executed:
+                ids = tuple((c[0], c[1]) for c in ex.cmds) if ex.cmds else ()
+                log.append((tuple(ex.label), ids))
+                if awaiting:
+                    for key in ids:
+                        hit = awaiting.get(key)
+                        if hit is not None and hit[1] == node:
+                            del awaiting[key]
+                            self.exec_latency_us[node].append(now - hit[0])
+
+    def _local_us(self, node: int) -> int:
+        return self.net.one_way_us[node][node]
+
+    # --- clients ------------------------------------------------------------------------
+
+    def _client_next(self, client: Client) -> None:
+        if self.now >= self.stop_us:
+            client.active = False
+            return
+        rng = self._work_rng
+        client.seq += 1
+        key = f"k{rng.randrange(self.cfg.keys)}"
+        if self.cfg.read_fraction and rng.random() < self.cfg.read_fraction:
+            client.op, client.needs_result = ["get", key], True
+        else:
+            client.op, client.needs_result = ["put", key, f"{client.cid}:{client.seq}"], False
+        client.t_send = self.now
+        client.attempt = 0
+        self.sent_ops[(client.cid, client.seq)] = client.op
+        client.target = client.site
+        self._client_send(client)
+
+    def _client_send(self, client: Client) -> None:
+        node = client.target
+        delay = self._local_us(node) if node == client.site else self.net.one_way_us[client.site][node]
+        self._push(self.now + delay, _REQUEST, node, client.cid, (client.seq, client.op, client.needs_result))
+        if client.attempt == 0 and node == client.site:
+            self._awaiting_exec[(client.cid, client.seq)] = (self.now, node)
+        if self.cfg.client_timeout_ms:
+            self._push(self.now + int(self.cfg.client_timeout_ms * 1000), _CLIENT_TIMEOUT, client.cid, (client.seq, client.attempt))
+
+    def _on_reply(self, cid: int, seq: int, result: Any) -> None:
+        client = self.clients[cid]
+        if seq != client.seq or client.op is None:
+            return  # a late answer to an earlier attempt
+        key = (cid, seq)
+        self.acked.add(key)
+        self.client_results[key] = result
+        client.history.append((client.t_send, self.now, client.op, result, True))
+        site = client.site
+        self.latency_us[site].append(self.now - client.t_send)
+        self.commit_times[site].append(self.now)
+        client.op = None
+        self._client_next(client)
+
+    def _on_client_timeout(self, cid: int, seq: int, attempt: int) -> None:
+        client = self.clients[cid]
+        if client.op is None or client.seq != seq or client.attempt != attempt:
+            return
+        client.attempt += 1
+        # Try the next replica that is up (the client cannot know, it just rotates).
+        client.target = (client.target + 1) % self.n
+        self._client_send(client)
+
+    # --- main loop ----------------------------------------------------------------------
+
+    def run(self) -> "Simulation":
+        end = self.stop_us + int(self.cfg.drain_seconds * 1_000_000)
+        heap = self._heap
+        h = self._hash
+        nodes = self.nodes
+        tick_us = int(self.cfg.tick_ms * 1000)
+        while heap:
+            t, _, kind, a, b, c = heapq.heappop(heap)
+            if t > end:
+                break
+            if kind <= _REQUEST and self.busy_until[a] > t:
+                # The node is still busy with earlier work: queue behind it (FIFO).
+                self._seq += 1
+                heapq.heappush(heap, (self.busy_until[a], self._seq, kind, a, b, c))
+                continue
+            self.now = t
+            self.events += 1
+            if kind <= _REQUEST:
+                cost = self.cfg.cpu_us_event
+                if kind == _DELIVER:
+                    cost += self.cfg.cpu_us_msg * c[2]
+                self.busy_until[a] = t + int(cost * self.slowness[a])
+            if kind == _DELIVER:
+                data, inc, _count = c
+                replica = nodes[a]
+                if replica is None or self.incarnation[a] != inc:
+                    continue
+                h.update(b"D%d,%d,%d," % (t, a, b))
+                h.update(data)
+                src, msgs = decode_envelope(data)
+                replica.step(src, msgs)
+                self._drain(a)
+            elif kind == _TICK:
+                if nodes[a] is None or self.incarnation[a] != b:
+                    continue
+                nodes[a].tick()
+                self._drain(a)
+                self._push(t + tick_us, _TICK, a, b)
+                if t > self.stop_us and self.quiet():
+                    break
+            elif kind == _REQUEST:
+                replica = nodes[a]
+                h.update(b"Q%d,%d,%d," % (t, a, b))
+                if replica is None:
+                    continue
+                seq, op, needs = c
+                replica.propose(b, seq, op, needs)
+                self._drain(a)
+            elif kind == _REPLY:
+                h.update(b"R%d,%d,%d," % (t, a, b))
+                self._on_reply(a, b, c)
+            elif kind == _CLIENT_TIMEOUT:
+                self._on_client_timeout(a, b[0], b[1])
+            elif kind == _CLIENT_START:
+                self._client_next(self.clients[a])
+            elif kind == _FAULT:
+                h.update(b"F%d," % t + repr(a).encode())
+                self._apply_fault(a)
+        return self
+
+    def quiet(self) -> bool:
+        """Load stopped, every client answered, live replicas executed the same log."""
+        if any(c.op is not None for c in self.clients.values()):
+            return False
+        if any(t > self.now for t in self._pending_faults):
+            return False
+        lengths = {len(self._exec_log_of[i]) for i in range(self.n) if self.nodes[i] is not None}
+        return len(lengths) <= 1
+
+    def _apply_fault(self, action: tuple) -> None:
+        name, args = action[0], action[1:]
+        if name == "crash":
+            self.crash(args[0])
+        elif name == "restart":
+            self.restart(args[0])
+        elif name == "partition":
+            self.net.partition([list(g) for g in args[0]])
+        elif name == "isolate":
+            self.net.isolate(args[0])
+        elif name == "cut":
+            self.net.cut(args[0], args[1])
+        elif name == "heal":
+            self.net.heal()
+        elif name == "loss":
+            self.net.loss = args[0]
+        elif name == "slow":
+            self.slowness[args[0]] = float(args[1])
+        else:
+            raise ValueError(f"unknown fault {name!r}")
+
+    # --- results --------------------------------------------------------------------------
+
+    @property
+    def trace_hash(self) -> str:
+        return self._hash.hexdigest()
+
+    def canonical_log(self) -> list:
+        return max(self.exec_logs, key=len) if self.exec_logs else []
+
+    def check(self) -> dict:
+        """Safety checks over everything every replica executed."""
+        canonical = self.canonical_log()
+        consistent = all(log == canonical[: len(log)] for log in self.exec_logs)
+        # Sequential replay of the executed order.
+        replay = Executor(KVStateMachine())
+        applied: dict[tuple, Any] = {}
+        applied_twice = 0
+        out: list = []
+        ops = self.sent_ops
+        for _label, ids in canonical:
+            if not ids:
+                continue
+            batch = [[cid, seq, ops.get((cid, seq))] for cid, seq in ids]
+            replay.run(batch, out)
+            for cid, seq, result, fresh in out:
+                if fresh:
+                    if (cid, seq) in applied:
+                        applied_twice += 1
+                    applied[(cid, seq)] = result
+            out.clear()
+        lost = [key for key in self.acked if key not in applied]
+        wrong = [
+            key for key, result in self.client_results.items() if key in applied and result is not None and applied[key] != result
+        ]
+        return {
+            "consistent": consistent,
+            "lost_acked": len(lost),
+            "duplicated": applied_twice,
+            "wrong_results": len(wrong),
+            "executed_slots": len(canonical),
+        }
+
+    def summary(self) -> dict:
+        def pct(values: list[int], q: float) -> float:
+            if not values:
+                return 0.0
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000, 3)
+
+        sites = {}
+        for node, name in enumerate(self.sites):
+            lat = self.latency_us[node]
+            sites[name] = {
+                "commits": len(lat),
+                "p50_ms": pct(lat, 0.5),
+                "mean_ms": round(sum(lat) / len(lat) / 1000, 3) if lat else 0.0,
+                "p99_ms": pct(lat, 0.99),
+                "exec_p50_ms": pct(self.exec_latency_us[node], 0.5),
+            }
+        checks = self.check()
+        return {
+            "protocol": self.cfg.protocol,
+            "replicas": self.n,
+            "sequencer": self.sites[self.cfg.sequencer],
+            "sites": sites,
+            "committed": sum(len(v) for v in self.latency_us),
+            "sim_seconds": self.cfg.seconds,
+            "consistent": checks["consistent"],
+            "lost_acked": checks["lost_acked"],
+            "duplicated": checks["duplicated"],
+            "wrong_results": checks["wrong_results"],
+            "messages": self.messages_sent,
+            "events": self.events,
+            "seed": self.cfg.seed,
+            "trace_hash": self.trace_hash,
+        }
