@@ -1,0 +1,422 @@
+"""Peer-to-peer TCP transport: the thin asyncio shell around ``framing``.
+
+::
+
+    t = PeerTransport(cluster_id, node_id, peers={2: ("127.0.0.1", 7002), ...},
+                      on_messages=lambda peer_id, msgs: ...)
+    host, port = await t.start("127.0.0.1", 7001)   # or start(sock=a_bound_socket)
+    t.send(peer_id, msg)            # encode now, written at the end of this loop turn
+    t.send_many(peer_id, msgs)
+    t.is_connected(peer_id); t.stats["malformed"]; ...
+    await t.close()
+
+**One connection per peer pair.** The node with the lower id dials the higher one
+(reconnecting with capped exponential backoff and jitter from the injected
+``random.Random``); the higher one accepts. Both sides write a hello first
+(``framing.Handshake``); a connection carries messages only after the peer's hello
+checks out. The newest authenticated connection for a peer replaces an older one
+(the peer restarted).
+
+**Receiving.** ``on_messages(peer_id, msgs)`` runs on the event loop with every
+message decoded from one read, in order. It must not block; an exception from it is
+logged and counted (``callback_errors``), never fatal.
+
+**Errors.** A malformed, oversized or truncated frame or a bad hello (wrong cluster,
+unknown node, wrong version) aborts that connection only, logs a warning and bumps
+``stats[reason]`` (``framing.REASONS``). So do a handshake that does not finish in
+``handshake_timeout_s`` (``"handshake-timeout"``) and connections beyond
+``pending_connections_max`` that have not finished one (``"pending-limit"``).
+
+**Sending and backpressure.** ``send`` encodes the frame immediately (one encode per
+message) and appends it to the peer's queue; one ``loop.call_soon`` flush per loop
+turn writes each peer's queue with a single ``transport.write``. While the
+connection is missing, or paused by the transport (its buffer is above
+``write_buffer_high_bytes``; aiohttp's ``base_protocol`` pattern), frames wait in the
+queue. The queue is bounded by ``send_queue_bytes_max``: beyond it the *oldest*
+frames are dropped and counted (``frames_dropped``, ``bytes_dropped``). Dropping is
+safe for consensus traffic, which is retransmitted on timeouts, and the newest
+messages carry the freshest state; refusing new sends would instead stall the
+protocol core on one slow peer. Frames already handed to a connection that then
+dies are lost the same way.
+
+**Stats** (``stats``, a ``Counter``): one key per refusal reason (above), plus
+``dials``, ``dial_failures``, ``connections_established``, ``disconnects``,
+``frames_sent``, ``messages_received``, ``write_pauses``, ``frames_dropped``,
+``bytes_dropped``, ``callback_errors``.
+
+Every wait is bounded (connect, handshake, close); every queue is bounded (send
+queue by bytes, pending connections by count). Works on the default loop or uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from consensus.transport.framing import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Handshake,
+    PeerStream,
+    ProtocolError,
+    encode_frame,
+)
+
+log = logging.getLogger(__name__)
+
+OnMessages = Callable[[int, list[Any]], None]
+
+
+class _PeerState:
+    __slots__ = ("peer_id", "queue", "queued_bytes", "conn", "connected")
+
+    def __init__(self, peer_id: int) -> None:
+        self.peer_id = peer_id
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.queued_bytes = 0
+        self.conn: _PeerConnection | None = None  # the authenticated connection
+        self.connected = asyncio.Event()
+
+
+class _PeerConnection(asyncio.Protocol):
+    """One TCP connection, either direction. All decisions go back to the owner."""
+
+    __slots__ = ("owner", "stream", "transport", "peer_id", "paused", "lost", "failed",
+                 "eof_seen", "closing_locally", "counted_pending", "timer", "peername")
+
+    def __init__(self, owner: PeerTransport, expected_peer_id: int | None) -> None:
+        self.owner = owner
+        self.stream = PeerStream(owner.handshake, expected_peer_id=expected_peer_id,
+                                 max_frame_bytes=owner.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.peer_id: int | None = None
+        self.paused = False
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.failed = False
+        self.eof_seen = False
+        self.closing_locally = False
+        self.counted_pending = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.peername: Any = None
+
+    # asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = cast(asyncio.Transport, transport)
+        self.peername = transport.get_extra_info("peername")
+        self.owner._connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.failed or self.closing_locally:
+            return
+        try:
+            msgs = self.stream.receive_data(data)
+        except ProtocolError as e:
+            self.fail(e.reason, e.detail)
+            return
+        if self.peer_id is None and self.stream.peer_id is not None:
+            self.peer_id = self.stream.peer_id
+            self.owner._authenticated(self)
+        if msgs:
+            assert self.peer_id is not None
+            self.owner._deliver(self.peer_id, msgs)
+
+    def eof_received(self) -> bool:
+        self.eof_seen = True
+        if not (self.failed or self.closing_locally):
+            try:
+                self.stream.receive_data(b"")
+            except ProtocolError as e:
+                self.fail(e.reason, e.detail)
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not (self.failed or self.closing_locally or self.eof_seen):
+            # Reset by the peer: a half-sent frame is still a truncated frame.
+            try:
+                self.stream.receive_data(b"")
+            except ProtocolError as e:
+                self.failed = True
+                self.owner._protocol_error(self, e.reason, e.detail)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.owner._connection_lost(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self.owner.stats["write_pauses"] += 1
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.owner._schedule_flush()
+
+    # owner's controls
+
+    def fail(self, reason: str, detail: str) -> None:
+        self.failed = True
+        self.owner._protocol_error(self, reason, detail)
+        self.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def close_locally(self) -> None:
+        self.closing_locally = True
+        self.abort()
+
+    def handshake_timeout(self) -> None:
+        self.timer = None
+        if self.peer_id is None and not self.failed:
+            self.fail("handshake-timeout", "no hello in time")
+
+
+class PeerTransport:
+    """Peer connections for one replica. See the module docstring."""
+
+    def __init__(
+        self,
+        cluster_id: str,
+        node_id: int,
+        peers: Mapping[int, tuple[str, int]],
+        on_messages: OnMessages,
+        *,
+        version: int = PROTOCOL_VERSION,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        send_queue_bytes_max: int = 16 << 20,
+        write_buffer_high_bytes: int = 1 << 20,
+        rng: random.Random | None = None,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        connect_timeout_s: float = 2.0,
+        handshake_timeout_s: float = 5.0,
+        pending_connections_max: int = 64,
+        close_timeout_s: float = 5.0,
+    ) -> None:
+        self.cluster_id = cluster_id
+        self.node_id = node_id
+        self._addresses = {p: a for p, a in peers.items() if p != node_id}
+        self.on_messages = on_messages
+        self.handshake = Handshake(cluster_id, node_id, self._addresses.keys(), version)
+        self.max_frame_bytes = max_frame_bytes
+        self.send_queue_bytes_max = send_queue_bytes_max
+        self.write_buffer_high_bytes = write_buffer_high_bytes
+        self._rng = rng if rng is not None else random.Random(node_id)
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._connect_timeout_s = connect_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self._pending_connections_max = pending_connections_max
+        self._close_timeout_s = close_timeout_s
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._hello = self.handshake.hello_frame()
+        self._peers = {p: _PeerState(p) for p in sorted(self._addresses)}
+        self._live: set[_PeerConnection] = set()
+        self._pending = 0
+        self._server: asyncio.Server | None = None
+        self._dialers: list[asyncio.Task[None]] = []
+        self._flush_scheduled = False
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle --
+
+    async def start(self, listen_host: str | None = None, listen_port: int | None = None, *,
+                    sock: socket.socket | None = None) -> tuple[str, int]:
+        """Listen (on ``listen_host:listen_port`` or an already bound ``sock``) and
+        start dialing every peer with a higher id. Returns the listening address."""
+        if self._server is not None or self._closing:
+            raise RuntimeError("start() may be called once")
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            lambda: _PeerConnection(self, None), listen_host, listen_port, sock=sock,
+            backlog=self._pending_connections_max,
+        )
+        for peer_id in self._peers:
+            if peer_id > self.node_id:
+                self._dialers.append(self._loop.create_task(self._dial_loop(peer_id), name=f"dial-{peer_id}"))
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def close(self) -> None:
+        """Stop listening and dialing, abort every connection (queued frames are
+        dropped) and wait, bounded, for them to finish."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for task in self._dialers:
+            task.cancel()
+        async with asyncio.timeout(self._close_timeout_s):
+            await asyncio.gather(*self._dialers, return_exceptions=True)
+            conns = list(self._live)
+            for conn in conns:
+                conn.close_locally()
+            if conns:
+                await asyncio.wait([c.lost for c in conns])
+            if self._server is not None:
+                await self._server.wait_closed()
+
+    # -- sending --
+
+    def send(self, peer_id: int, msg: Any) -> None:
+        """Queue one message for ``peer_id``; raises ``ValueError`` for an unknown
+        peer or a message over ``max_frame_bytes``."""
+        self._enqueue(peer_id, [encode_frame(msg, self.max_frame_bytes)])
+
+    def send_many(self, peer_id: int, msgs: Iterable[Any]) -> None:
+        self._enqueue(peer_id, [encode_frame(m, self.max_frame_bytes) for m in msgs])
+
+    def is_connected(self, peer_id: int) -> bool:
+        return self._peer(peer_id).conn is not None
+
+    async def wait_connected(self, peer_id: int) -> None:
+        """Until ``peer_id`` has an authenticated connection (bound it with a timeout)."""
+        await self._peer(peer_id).connected.wait()
+
+    def queued_bytes(self, peer_id: int) -> int:
+        return self._peer(peer_id).queued_bytes
+
+    def _peer(self, peer_id: int) -> _PeerState:
+        try:
+            return self._peers[peer_id]
+        except KeyError:
+            raise ValueError(f"unknown peer {peer_id}") from None
+
+    def _enqueue(self, peer_id: int, frames: list[bytes]) -> None:
+        if self._closing:
+            raise RuntimeError("transport is closed")
+        peer = self._peer(peer_id)
+        peer.queue.extend(frames)
+        peer.queued_bytes += sum(map(len, frames))
+        # Drop-oldest (see the module docstring); bounded by the queue length.
+        while peer.queued_bytes > self.send_queue_bytes_max:
+            dropped = peer.queue.popleft()
+            peer.queued_bytes -= len(dropped)
+            self.stats["frames_dropped"] += 1
+            self.stats["bytes_dropped"] += len(dropped)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._closing:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for peer in self._peers.values():
+            conn = peer.conn
+            if not peer.queue or conn is None or conn.paused:
+                continue
+            assert conn.transport is not None
+            if conn.transport.is_closing():
+                continue
+            conn.transport.write(b"".join(peer.queue))
+            self.stats["frames_sent"] += len(peer.queue)
+            peer.queue.clear()
+            peer.queued_bytes = 0
+
+    # -- connection events (called by _PeerConnection) --
+
+    def _connection_made(self, conn: _PeerConnection) -> None:
+        assert conn.transport is not None
+        if self._closing:
+            conn.close_locally()
+            return
+        if self._pending >= self._pending_connections_max:
+            self.stats["pending-limit"] += 1
+            log.warning("peer connection from %s refused: %d handshakes already pending",
+                        conn.peername, self._pending)
+            conn.failed = True
+            conn.abort()
+            return
+        self._live.add(conn)
+        self._pending += 1
+        conn.counted_pending = True
+        conn.transport.set_write_buffer_limits(high=self.write_buffer_high_bytes)
+        conn.transport.write(self._hello)
+        conn.timer = asyncio.get_running_loop().call_later(self.handshake_timeout_s, conn.handshake_timeout)
+
+    def _authenticated(self, conn: _PeerConnection) -> None:
+        assert conn.peer_id is not None
+        if conn.counted_pending:
+            conn.counted_pending = False
+            self._pending -= 1
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        peer = self._peers[conn.peer_id]
+        old = peer.conn
+        if old is not None and old is not conn:
+            old.close_locally()  # the peer reconnected; its old connection is stale
+        peer.conn = conn
+        peer.connected.set()
+        self.stats["connections_established"] += 1
+        if peer.queue:
+            self._schedule_flush()
+
+    def _connection_lost(self, conn: _PeerConnection) -> None:
+        self._live.discard(conn)
+        if conn.counted_pending:
+            conn.counted_pending = False
+            self._pending -= 1
+        if conn.peer_id is not None:
+            peer = self._peers[conn.peer_id]
+            if peer.conn is conn:
+                peer.conn = None
+                peer.connected.clear()
+                self.stats["disconnects"] += 1
+
+    def _protocol_error(self, conn: _PeerConnection, reason: str, detail: str) -> None:
+        self.stats[reason] += 1
+        log.warning("peer connection %s (node %s) closed: %s (%s)", conn.peername, conn.peer_id, reason, detail)
+
+    def _deliver(self, peer_id: int, msgs: list[Any]) -> None:
+        self.stats["messages_received"] += len(msgs)
+        try:
+            self.on_messages(peer_id, msgs)
+        except Exception:
+            self.stats["callback_errors"] += 1
+            log.exception("on_messages callback raised for messages from node %d", peer_id)
+
+    # -- dialing --
+
+    def backoff_s(self, attempt: int) -> float:
+        """Delay before reconnect attempt ``attempt`` (0-based): capped exponential,
+        jittered into [d/2, d)."""
+        delay = min(self._backoff_max_s, self._backoff_base_s * (2 ** min(attempt, 32)))
+        return delay * (0.5 + self._rng.random() / 2)
+
+    async def _dial_loop(self, peer_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        # Runs until close() cancels it; every await inside is bounded or ends with
+        # the connection.
+        while not self._closing:
+            host, port = self._addresses[peer_id]
+            conn: _PeerConnection | None = None
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    _transport, conn = await loop.create_connection(
+                        lambda: _PeerConnection(self, peer_id), host, port)
+            except (OSError, TimeoutError):
+                self.stats["dial_failures"] += 1
+            if conn is not None:
+                self.stats["dials"] += 1
+                await asyncio.shield(conn.lost)
+                if conn.peer_id is not None:
+                    attempt = 0  # it worked for a while; start the backoff over
+            if self._closing:
+                return
+            delay = self.backoff_s(attempt)
+            attempt += 1
+            await asyncio.sleep(delay)

@@ -1,0 +1,349 @@
+"""consensus.transport.tcp: real sockets on 127.0.0.1, every wait bounded, no sleeps
+used as synchronization."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from consensus.transport.framing import PROTOCOL_VERSION, encode_frame, hello
+from consensus.transport.tcp import PeerTransport
+
+CLUSTER = "cellar-test"
+WAIT_S = 20
+
+
+_created: list[socket.socket] = []
+
+
+def bound_socket() -> socket.socket:
+    """A listening address known before any transport starts (the transport that
+    starts on it owns it; the fixture below closes the ones nobody started on)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _created.append(s)
+    return s
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets():
+    yield
+    while _created:
+        _created.pop().close()
+
+
+class Inbox:
+    """Collects delivered messages; ``wait_for(pred)`` wakes on each delivery."""
+
+    def __init__(self) -> None:
+        self.msgs: list[tuple[int, object]] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, peer_id: int, msgs: list) -> None:
+        self.msgs.extend((peer_id, m) for m in msgs)
+        self._changed.set()
+
+    async def wait_for(self, pred: Callable[[list], bool]) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while not pred(self.msgs):  # bounded by the timeout
+                self._changed.clear()
+                await self._changed.wait()
+
+
+def make(node_id: int, socks: dict[int, socket.socket], inbox: Inbox, **kw) -> PeerTransport:
+    peers = {p: s.getsockname() for p, s in socks.items()}
+    kw.setdefault("backoff_base_s", 0.01)
+    kw.setdefault("backoff_max_s", 0.2)
+    return PeerTransport(CLUSTER, node_id, peers, inbox, rng=random.Random(node_id), **kw)
+
+
+async def test_two_transports_exchange_10000_messages_in_order():
+    await exchange_in_order(10_000)
+
+
+def test_exchange_on_uvloop():
+    uvloop = pytest.importorskip("uvloop")
+    uvloop.run(exchange_in_order(2_000))
+
+
+async def exchange_in_order(n: int) -> None:
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        for i in range(n):  # queued before the connection exists: flushed once it does
+            t1.send(2, ["a", i])
+            t2.send(1, ["b", i, b"x" * (i % 50)])
+        await in2.wait_for(lambda m: len(m) >= n)
+        await in1.wait_for(lambda m: len(m) >= n)
+        assert in2.msgs == [(1, ["a", i]) for i in range(n)]
+        assert in1.msgs == [(2, ["b", i, b"x" * (i % 50)]) for i in range(n)]
+        # One connection for the pair, dialed by the lower id.
+        assert t1.stats["dials"] == 1 and "dials" not in t2.stats
+        assert t1.stats["connections_established"] == t2.stats["connections_established"] == 1
+        assert t1.stats["frames_sent"] == n and "frames_dropped" not in t1.stats
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def raw_exchange(port: int, payload: bytes, *, half_close: bool = True) -> bytes:
+    """Connect like a peer would, send ``payload``, return what the replica sent
+    before it closed the connection (its hello, at most)."""
+    async with asyncio.timeout(WAIT_S):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(payload)
+        if half_close:
+            writer.write_eof()
+        try:
+            got = await reader.read()  # until the replica closes
+        except ConnectionResetError:
+            got = b""
+        writer.close()
+        return got
+
+
+def good_hello(node: int) -> bytes:
+    return encode_frame(hello(CLUSTER, node, PROTOCOL_VERSION))
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        pytest.param(struct.pack(">I", 3) + b"\xc1\xc1\xc1", "malformed", id="garbage-body"),
+        pytest.param(b"GET / HTTP/1.1\r\n\r\n", "oversized", id="http-garbage"),
+        pytest.param(b"\xff\xff\xff\xff" + b"A" * 100, "oversized", id="huge-length-prefix"),
+        pytest.param(encode_frame(hello("other-cluster", 1)), "wrong-cluster", id="wrong-cluster"),
+        pytest.param(encode_frame(hello(CLUSTER, 99)), "unknown-node", id="unknown-node"),
+        pytest.param(encode_frame(hello(CLUSTER, 1, PROTOCOL_VERSION + 1)), "version", id="version"),
+        pytest.param(encode_frame(["not", "a", "hello"]), "bad-handshake", id="not-a-hello"),
+        pytest.param(good_hello(1)[:-3], "truncated", id="truncated-hello"),
+        pytest.param(good_hello(1) + encode_frame(["msg", 1])[:-2], "truncated", id="truncated-frame"),
+    ],
+)
+async def test_bad_peers_are_counted_and_closed_and_the_replica_stays_up(payload, reason):
+    socks = {1: bound_socket(), 2: bound_socket(), 3: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        port2 = socks[2].getsockname()[1]
+        got = await raw_exchange(port2, payload)
+        assert got == good_hello(2) or got == b""  # its hello, then it hung up
+        assert t2.stats[reason] == 1, dict(t2.stats)
+        # Still up: it keeps serving its real peer.
+        t1.send(2, "ping")
+        await in2.wait_for(lambda m: (1, "ping") in m)
+        t2.send(1, "pong")
+        await in1.wait_for(lambda m: (2, "pong") in m)
+        # And it still accepts new connections (and refuses the next bad one too).
+        await raw_exchange(port2, payload)
+        assert t2.stats[reason] == 2
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_all_the_faults_against_one_replica_in_a_row():
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t2.start(sock=socks[2])
+    await t1.start(sock=socks[1])
+    try:
+        port2 = socks[2].getsockname()[1]
+        await raw_exchange(port2, b"\x00\x00\x00\x04garbage!")
+        await raw_exchange(port2, b"\x7f\xff\xff\xff")
+        await raw_exchange(port2, encode_frame(hello("nope", 1)))
+        await raw_exchange(port2, good_hello(1)[:7])
+        for i in range(100):
+            t1.send(2, i)
+        await in2.wait_for(lambda m: len(m) == 100)
+        assert [m for _, m in in2.msgs] == list(range(100))
+        assert (t2.stats["malformed"], t2.stats["oversized"], t2.stats["wrong-cluster"]) == (1, 1, 1)
+        assert t2.stats["truncated"] == 1
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_a_peer_that_resets_mid_frame_is_counted_and_redialed():
+    """Connection reset (no FIN) in the middle of a frame still counts as truncated.
+    The dialer redials only after handling the loss, which makes it observable."""
+    peer_sock = bound_socket()
+    connections: asyncio.Queue = asyncio.Queue(maxsize=2)
+
+    async def resetting_peer(reader, writer):
+        n = connections.qsize()
+        await connections.put(writer)
+        if n == 0:
+            writer.write(good_hello(2) + encode_frame(["half"])[:-2])
+            await writer.drain()
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # RST
+        else:
+            writer.write(good_hello(2))
+
+    server = await asyncio.start_server(resetting_peer, sock=peer_sock)
+    t1 = PeerTransport(CLUSTER, 1, {2: peer_sock.getsockname()}, Inbox(), rng=random.Random(1),
+                       backoff_base_s=0.01)
+    await t1.start("127.0.0.1", 0)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await connections.get()
+            second = await connections.get()
+            await t1.wait_connected(2)
+        assert t1.stats["truncated"] == 1 and t1.stats["dials"] == 2
+        second.close()
+    finally:
+        await t1.close()
+        server.close()
+        async with asyncio.timeout(WAIT_S):
+            await server.wait_closed()
+
+
+async def test_handshake_timeout_and_pending_limit():
+    socks = {1: bound_socket(), 2: bound_socket()}
+    t2 = make(2, socks, Inbox(), handshake_timeout_s=0.2, pending_connections_max=2)
+    await t2.start(sock=socks[2])
+    port2 = socks[2].getsockname()[1]
+    try:
+        async with asyncio.timeout(WAIT_S):
+            silent = [await asyncio.open_connection("127.0.0.1", port2) for _ in range(2)]
+            # A third handshake while two are pending is refused at once.
+            assert await raw_exchange(port2, b"", half_close=False) == b""
+            # The silent two are closed once the handshake timeout fires.
+            for reader, writer in silent:
+                assert await reader.read() == good_hello(2)
+                writer.close()
+        assert t2.stats["pending-limit"] == 1
+        assert t2.stats["handshake-timeout"] == 2
+    finally:
+        await t2.close()
+
+
+async def test_reconnect_after_the_peer_restarts():
+    socks = {1: bound_socket(), 2: bound_socket()}
+    port2 = socks[2].getsockname()[1]
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, "before")
+        await in2.wait_for(lambda m: (1, "before") in m)
+        await t2.close()  # node 2 goes away; node 1 keeps dialing with backoff
+
+        in2b = Inbox()
+        t2b = PeerTransport(CLUSTER, 2, {1: socks[1].getsockname()}, in2b, rng=random.Random(7))
+        await t2b.start("127.0.0.1", port2)  # the restarted node, same address
+        try:
+            t2b.send(1, "i am back")  # waits in t2b's queue until node 1 dials in
+            await in1.wait_for(lambda m: (2, "i am back") in m)
+            # Node 1 delivered that on the new connection, so it now sends there.
+            t1.send(2, "after")
+            await in2b.wait_for(lambda m: (1, "after") in m)
+            assert t1.stats["dials"] >= 2 and t1.stats["disconnects"] >= 1
+            async with asyncio.timeout(WAIT_S):
+                await t1.wait_connected(2)
+            assert t1.is_connected(2)
+        finally:
+            await t2b.close()
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_backoff_is_capped_exponential_with_injected_jitter():
+    t = PeerTransport(CLUSTER, 1, {2: ("127.0.0.1", 1)}, Inbox(), rng=random.Random(3),
+                      backoff_base_s=0.1, backoff_max_s=1.0)
+    delays = [t.backoff_s(a) for a in range(10)]
+    for a, d in enumerate(delays):
+        full = min(1.0, 0.1 * 2**a)
+        assert full / 2 <= d < full
+    t_again = PeerTransport(CLUSTER, 1, {2: ("127.0.0.1", 1)}, Inbox(), rng=random.Random(3),
+                            backoff_base_s=0.1, backoff_max_s=1.0)
+    assert [t_again.backoff_s(a) for a in range(10)] == delays  # same seed, same delays
+    assert t.backoff_s(10_000) < 1.0
+
+
+async def test_slow_peer_backpressure_drops_oldest_and_counts():
+    """A peer that completes the handshake and then never reads: the transport's
+    write buffer fills, writing pauses, the bounded queue drops its oldest frames."""
+    peer_sock = bound_socket()
+    # A small receive window (inherited by the accepted socket) so the kernel's
+    # buffers fill long before the ~38 MiB below have been written.
+    peer_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    accepted: asyncio.Queue = asyncio.Queue(maxsize=1)
+
+    async def stalled_peer(reader, writer):
+        writer.write(good_hello(2))
+        await accepted.put(writer)  # keep it open, never read
+
+    server = await asyncio.start_server(stalled_peer, sock=peer_sock)
+    socks = {1: bound_socket()}
+    t1 = PeerTransport(CLUSTER, 1, {2: peer_sock.getsockname()}, Inbox(), rng=random.Random(1),
+                       send_queue_bytes_max=1 << 20, write_buffer_high_bytes=256 << 10)
+    await t1.start(sock=socks[1])
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await t1.wait_connected(2)
+            chunk = b"x" * (64 << 10)
+            for i in range(600):  # ~38 MiB
+                t1.send(2, [i, chunk])
+                await asyncio.sleep(0)  # yield one loop turn so flushes happen
+                assert t1.queued_bytes(2) <= 1 << 20
+        assert t1.stats["write_pauses"] >= 1
+        assert t1.stats["frames_dropped"] > 0
+        assert t1.stats["bytes_dropped"] >= t1.stats["frames_dropped"] * len(chunk)
+        t1.send(2, "still usable")
+        with pytest.raises(ValueError):
+            t1.send(9, "unknown peer")
+        with pytest.raises(ValueError):
+            t1.send(2, b"x" * (t1.max_frame_bytes + 1))
+    finally:
+        await t1.close()
+        async with asyncio.timeout(WAIT_S):
+            writer = await accepted.get()
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+
+async def test_a_raising_callback_is_counted_not_fatal():
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1 = Inbox()
+    got: list = []
+
+    def fragile(peer_id, msgs):
+        got.extend(msgs)
+        if "boom" in msgs:
+            raise RuntimeError("callback bug")
+
+    t1 = make(1, socks, in1)
+    t2 = PeerTransport(CLUSTER, 2, {p: s.getsockname() for p, s in socks.items()}, fragile)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, "boom")
+        async with asyncio.timeout(WAIT_S):
+            await t2.wait_connected(1)
+        t2.send(1, "ack")
+        await in1.wait_for(lambda m: (2, "ack") in m)
+        t1.send(2, "fine")
+        t2.send(1, "ack2")
+        await in1.wait_for(lambda m: (2, "ack2") in m)
+        assert t2.stats["callback_errors"] >= 1 and t2.is_connected(1)
+    finally:
+        await t1.close()
+        await t2.close()
