@@ -53,6 +53,19 @@ class KVStateMachine:
             return data.pop(op[1], _MISSING) is not _MISSING
         return ["error", f"unknown operation {str(name)[:40]!r} with {len(op) - 1} arguments"]
 
+    def query(self, op: Any) -> Any:
+        """Read-only operations (served by lease reads without going through the log)."""
+        if type(op) is list and len(op) == 2 and op[0] == "get" and type(op[1]) in (str, int, bytes):
+            return self.data.get(op[1])
+        return ["error", "only get can be served as a read"]
+
+    @staticmethod
+    def keys_of(op: Any) -> list:
+        """Keys a command writes (the sequencer's history table, paper §3.5)."""
+        if type(op) is list and len(op) >= 2 and op[0] in ("put", "cas", "append", "delete"):
+            return [op[1]]
+        return []
+
     def snapshot(self) -> bytes:
         items = sorted(self.data.items(), key=lambda kv: (str(type(kv[0])), kv[0]))
         return msgpack.packb(items, use_bin_type=True)

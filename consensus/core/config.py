@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 # Ballots are ``round << BALLOT_BITS | proposer`` so two proposers never share one.
 BALLOT_BITS = 5
-MAX_REPLICAS = 1 << BALLOT_BITS
+MAX_REPLICAS = 1 << BALLOT_BITS  # must stay consistent with make_ballot/ballot_owner
 
 # O-slot value meaning "no command leader": executed as a no-op (paper §3.3, "no-cl").
 NOCL = -1
@@ -23,6 +23,11 @@ def make_ballot(round_: int, proposer: int) -> int:
 
 def ballot_round(ballot: int) -> int:
     return ballot >> BALLOT_BITS
+
+
+def ballot_owner(ballot: int) -> int:
+    """The proposer of a ballot; for a view, its sequencer (or leader)."""
+    return ballot & (MAX_REPLICAS - 1)
 
 
 def majority(n: int) -> int:
@@ -44,8 +49,26 @@ class ProtocolConfig:
     inflight_max: int = 32
     thrifty: bool = True
     resend_ticks: int = 50
+    # The sequencer (Multi-Paxos: leader) pings every heartbeat_ticks; a replica that
+    # hears nothing from it for election_ticks (plus a random share of it, so
+    # elections converge) starts a view change.
     heartbeat_ticks: int = 10
     election_ticks: int = 50
+    # Sequencer lease: a replica that answers a ping promises not to vote for another
+    # sequencer for lease_ticks; the sequencer counts on it for lease_ticks * (1 -
+    # drift) from the moment it sent the ping (clock drift bound).
+    lease_ticks: int = 50
+    drift: float = 0.05
+    # A replica blocked on another leader's missing C-instance starts recovering
+    # it after recovery_ticks * (1 + its distance from that leader).
+    recovery_ticks: int = 50
+    # Straggler detection (paper §4): per window, O-slots received for my own
+    # instances vs. what I asked for; 3 bad windows in a row, confirmed by a
+    # majority, replace the sequencer, at most once per straggler_cooldown_ticks.
+    straggler_window_ticks: int = 50
+    straggler_min_demand: int = 8
+    straggler_strikes: int = 3
+    straggler_cooldown_ticks: int = 1000
     peer_order: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -61,6 +84,11 @@ class ProtocolConfig:
         for r, peers in enumerate(self.peer_order):
             if sorted(peers) != [p for p in range(self.n) if p != r]:
                 raise ValueError(f"peer_order[{r}] must list every other replica once")
+
+    @property
+    def initial_view(self) -> int:
+        """Views are ballots: ``round << BALLOT_BITS | sequencer``; round 0 is given."""
+        return make_ballot(0, self.initial_sequencer)
 
     @property
     def quorum(self) -> int:

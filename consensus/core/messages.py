@@ -233,6 +233,85 @@ class Fetch(Message):
     inst: int
 
 
+# --- Views, leases, reads, straggler detection ------------------------------------
+
+
+@_message(40, _INT, _INT)
+class VRequest(Message):
+    """Candidate for ``view`` (its sequencer is ``view & 31``) asks for votes.
+
+    Doubles as the O-prepare (Multi-Paxos: phase 1a) of every slot ``>= from_slot``.
+    """
+
+    view: int
+    from_slot: int
+
+
+@_message(41, _INT, _INT, _LIST, _LIST)
+class Vote(Message):
+    """A vote for ``view``: the voter's accepted slots ``>= from_slot`` and C-state.
+
+    ``slots``: SDPaxos ``[[slot, leader, view_accepted, committed], ...]``;
+    Multi-Paxos ``[[slot, view_accepted, batch, committed], ...]``.
+    ``c_max``: per command leader, the highest C-instance accepted here (-1: none).
+    """
+
+    view: int
+    committed: int
+    slots: list
+    c_max: list
+
+
+@_message(42, _INT, _INT)
+class Ping(Message):
+    """Sequencer (leader) heartbeat; also asks for a lease until ``tick + lease``."""
+
+    view: int
+    tick: int
+
+
+@_message(43, _INT, _INT)
+class Pong(Message):
+    """Lease granted for the ping sent at the sequencer's ``tick``."""
+
+    view: int
+    tick: int
+
+
+@_message(44, _INT, _INT, _ANY)
+class RRequest(Message):
+    """Read of ``key``: which slot must I execute through? (paper §3.5)"""
+
+    view: int
+    rid: int
+    key: object
+
+
+@_message(45, _INT, _INT, _INT)
+class RReply(Message):
+    """Execute through ``slot`` and read locally; ``slot`` -1: no lease, use the log."""
+
+    view: int
+    rid: int
+    slot: int
+
+
+@_message(46, _INT, _INT)
+class Handover(Message):
+    """The sequencer steps down in favour of ``target``, releasing its lease."""
+
+    view: int
+    target: int
+
+
+@_message(47, _INT, _BOOL)
+class Straggler(Message):
+    """Straggler detection: ``slow`` says whether the sender judges the sequencer slow."""
+
+    view: int
+    slow: bool
+
+
 def encode_message(msg: Message) -> list:
     return [msg.code, *[getattr(msg, f) for f in msg.__slots__]]
 

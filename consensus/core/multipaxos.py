@@ -1,5 +1,13 @@
 """Multi-Paxos baseline: a stable leader, phase 2 only in the normal case.
 
+Leader election uses the same view machinery as SDPaxos (views are ballots,
+``view & 31`` is the leader): a replica that hears no ``Ping`` for
+``election_ticks`` (randomized) sends ``VRequest`` (phase 1a for every slot from its
+committed prefix); votes carry accepted slots with their views; the winner keeps the
+highest-view batch per slot, fills holes with no-ops, re-proposes the suffix and
+serves once a majority holds it. Forwarders resend their pending commands to the
+new leader.
+
 Same interface, batching, thrifty messaging and execution as ``SDPaxosReplica`` so
 the two can be compared on the same work (``replica.py``). Non-leaders ``Forward``
 their clients' commands to the leader; the leader puts each batch in the next log
@@ -9,17 +17,17 @@ committed prefix with ``MCommit`` (carrying the batches a peer has not acked). A
 blind write is answered when the replica that took it learns its slot committed.
 
 Durable records: ``["M", view, start, batches]`` accepted slots; ``["MC", upto]``
-committed prefix.
+committed prefix; ``["V", view]`` joined a view.
 """
 
 from __future__ import annotations
 
 import random
 
-from .config import ProtocolConfig
-from .messages import Forward, MAccept, MAck, MCommit
+from .config import ProtocolConfig, ballot_owner, ballot_round, make_ballot
+from .messages import Forward, MAccept, MAck, MCommit, Message, Ping, Vote, VRequest
 from .ready import Reply
-from .replica import ReplicaBase, handles
+from .replica import ALIVE, ReplicaBase, handles
 from .statemachine import StateMachine
 
 SLOTS_PER_MSG_MAX = 1024
@@ -47,8 +55,15 @@ class MultiPaxosReplica(ReplicaBase):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(node_id, cfg, sm, records, rng)
-        self.view = 0
-        self.leader = cfg.initial_sequencer
+        self.view = cfg.initial_view
+        self.leader = ballot_owner(self.view)
+        self.phase = "normal"  # normal | candidate | recovering | stale
+        self.election_due = self._election_deadline()
+        self.no_vote_until = cfg.heartbeat_ticks
+        self.votes: dict[int, Vote] = {}
+        self.vote_base = 0
+        self._vote_tick = 0
+        self.recover_end = 0
         self.log: dict[int, MSlot] = {}
         self.prefix = 0  # slots below accepted in this view or committed
         self.committed = 0  # slots below committed
@@ -61,6 +76,7 @@ class MultiPaxosReplica(ReplicaBase):
         self.exec_slot = 0
         # Commands taken here and not yet known committed: (client, seq) -> None
         self._mine: dict[tuple, None] = {}
+        self._queue: list[list] = []  # leader: commands waiting for a slot
         self._fwd_log: list[tuple[int, list]] = []  # (tick sent, cmds) for resends
         if records:
             self._replay(records)
@@ -78,26 +94,39 @@ class MultiPaxosReplica(ReplicaBase):
                     if j in self.log:
                         self.log[j].committed = True
                 self.committed = max(self.committed, rec[1])
+            elif rec[0] == "V" and rec[1] > self.view:
+                self.view = rec[1]
+                self.leader = ballot_owner(self.view)
+        self.prefix = self.committed
         self._advance_prefix()
         if self.id == self.leader:
-            self.next_slot = self.prefix
+            self.phase = "stale"  # we cannot know whether we still lead: re-elect
         self._execute()
 
     # --- proposing ----------------------------------------------------------------------
 
     def _flush_proposals(self) -> None:
-        if not self._pending:
-            return
-        for client, seq, _op in self._pending:
-            self._mine[(client, seq)] = None
-        if self.id != self.leader:
-            cmds = self._pending
+        if self._pending:
+            # Commands our own clients gave us: we answer them when they commit.
+            for client, seq, _op in self._pending:
+                self._mine[(client, seq)] = None
+            if self.id != self.leader:
+                if self.phase != "normal":
+                    return
+                cmds = self._pending
+                self._pending = []
+                self.send(self.leader, Forward(self.view, cmds))
+                self._fwd_log.append((self.now, cmds))
+                return
+            self._queue.extend(self._pending)
             self._pending = []
-            self.send(self.leader, Forward(self.view, cmds))
-            self._fwd_log.append((self.now, cmds))
+        if self.id != self.leader or self.phase != "normal":
             return
-        while self._pending and self.next_slot - self.committed < self.cfg.inflight_max:
-            self._append(self._take_batch())
+        batch_max = self.cfg.batch_max
+        while self._queue and self.next_slot - self.committed < self.cfg.inflight_max:
+            batch = self._queue[:batch_max]
+            del self._queue[:batch_max]
+            self._append(batch)
 
     def _append(self, batch: list) -> None:
         j = self.next_slot
@@ -115,7 +144,7 @@ class MultiPaxosReplica(ReplicaBase):
         self.persist(["M", self.view, start, batches])
         self._advance_prefix()
         msg = MAccept(self.view, start, batches)
-        peers = self.cfg.peer_order[self.id]
+        peers = self.live_peers()
         for dst in peers[: self.quorum - 1] if self.cfg.thrifty else peers:
             self.send(dst, msg)
             self._accept_tick[dst] = self.now
@@ -123,20 +152,22 @@ class MultiPaxosReplica(ReplicaBase):
 
     @handles(_handlers, Forward)
     def _on_forward(self, src: int, m: Forward) -> None:
-        if self.id != self.leader or m.view < self.view:
+        if not self._view_ok(src, m) or self.id != self.leader:
             return
         for cmd in m.cmds:
             if type(cmd) is not list or len(cmd) != 3:
                 return
-        self._pending.extend(m.cmds)
-        # Forwarded commands are batched with our own in _flush_proposals.
+        if len(self._queue) < 1 << 20:
+            # Not ours to answer (the forwarder does); batched with ours.
+            self._queue.extend(m.cmds)
 
     # --- acceptors ------------------------------------------------------------------------
 
     @handles(_handlers, MAccept)
     def _on_maccept(self, src: int, m: MAccept) -> None:
-        if m.view < self.view or src != self.leader or m.start < 0 or len(m.batches) > SLOTS_PER_MSG_MAX:
+        if not self._view_ok(src, m) or src != self.leader or m.start < 0 or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
+        self._heard_from_leader()
         fresh = False
         for k, batch in enumerate(m.batches):
             j = m.start + k
@@ -162,6 +193,7 @@ class MultiPaxosReplica(ReplicaBase):
     @handles(_handlers, MAck)
     def _on_mack(self, src: int, m: MAck) -> None:
         if m.view != self.view or self.id != self.leader:
+            self._view_ok(src, m)
             return
         if m.prefix > self.acked[src]:
             self.acked[src] = min(m.prefix, self.next_slot)
@@ -170,6 +202,8 @@ class MultiPaxosReplica(ReplicaBase):
     def _recompute_commit(self) -> None:
         self.acked[self.id] = self.prefix
         upto = min(sorted(self.acked, reverse=True)[self.quorum - 1], self.prefix)
+        if self.phase == "recovering" and upto >= self.recover_end:
+            self.phase = "normal"
         if upto > self.committed:
             self._commit(upto)
             # Tell everyone at once: forwarders are waiting to answer their clients.
@@ -217,8 +251,9 @@ class MultiPaxosReplica(ReplicaBase):
 
     @handles(_handlers, MCommit)
     def _on_mcommit(self, src: int, m: MCommit) -> None:
-        if m.view < self.view or src != self.leader or len(m.batches) > SLOTS_PER_MSG_MAX:
+        if not self._view_ok(src, m) or src != self.leader or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
+        self._heard_from_leader()
         if m.upto <= self.committed:
             return
         for k, batch in enumerate(m.batches):
@@ -248,11 +283,26 @@ class MultiPaxosReplica(ReplicaBase):
     def _on_tick(self) -> None:
         now, resend = self.now, self.cfg.resend_ticks
         if self.id == self.leader:
+            if self.phase == "stale":
+                if now >= self.no_vote_until:
+                    self._start_election()
+                return
+            if self.phase == "candidate":
+                if now - self._vote_tick >= self.cfg.heartbeat_ticks:
+                    self._vote_tick = now
+                    self.broadcast(VRequest(self.view, self.vote_base))
+                if now >= self.election_due:
+                    self._start_election()
+                return
+            if now % self.cfg.heartbeat_ticks == 0:
+                self.broadcast(Ping(self.view, now))
             for dst in range(self.n):
                 if dst == self.id:
                     continue
                 # Thrifty: peers outside the quorum get accepts only when commit stalls.
-                stalled = self.committed < self.next_slot and now - self._commit_tick >= resend
+                stalled = self.committed < self.next_slot and (
+                    now - self._commit_tick >= resend or any(self.suspected(p) for p in range(self.n))
+                )
                 if stalled and self.acked[dst] < self.next_slot and now - self._accept_tick[dst] >= resend:
                     start = self.acked[dst]
                     end = min(self.next_slot, start + SLOTS_PER_MSG_MAX)
@@ -260,6 +310,9 @@ class MultiPaxosReplica(ReplicaBase):
                     self._accept_tick[dst] = now
                 if self.committed > self._commit_sent[dst] or now % self.cfg.heartbeat_ticks == 0:
                     self._send_commit(dst)
+            return
+        if now >= self.election_due and now >= self.no_vote_until:
+            self._start_election()
         elif self._fwd_log and now - self._fwd_log[0][0] >= resend:
             # Forwarded commands not seen committed within the timeout: forward again.
             mine = self._mine
@@ -271,12 +324,144 @@ class MultiPaxosReplica(ReplicaBase):
                 self.send(self.leader, Forward(self.view, again))
                 self._fwd_log.append((now, again))
 
+    # --- views and elections --------------------------------------------------------
+
+    def _view_ok(self, src: int, m: Message) -> bool:
+        if m.view < self.view:
+            self.send(src, Ping(self.view, -1), lazy=True)
+            return False
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        return True
+
+    def _adopt_view(self, view: int) -> None:
+        if view <= self.view:
+            return
+        self.view = view
+        self.leader = ballot_owner(view)
+        self.persist(["V", view])
+        self.phase = "normal" if self.leader != self.id else "stale"
+        self.votes = {}
+        self.acked = [0] * self.n
+        self.prefix = self.committed
+        self._advance_prefix()
+        self._heard_from_leader()
+        # Commands we took and have not seen committed go to the new leader.
+        if self.leader != self.id:
+            pending = [cmd for _, cmds in self._fwd_log for cmd in cmds if (cmd[0], cmd[1]) in self._mine]
+            self._fwd_log = []
+            if pending:
+                self.send(self.leader, Forward(view, pending))
+                self._fwd_log.append((self.now, pending))
+
+    def _heard_from_leader(self) -> None:
+        self.election_due = self._election_deadline()
+
+    def _election_deadline(self) -> int:
+        base = self.cfg.election_ticks
+        return self.now + base + self.rng.randrange(max(1, base // 2))
+
+    def _start_election(self) -> None:
+        self.view = make_ballot(ballot_round(self.view) + 1, self.id)
+        self.leader = self.id
+        self.phase = "candidate"
+        self.persist(["V", self.view])
+        self.votes = {}
+        self.vote_base = self.committed
+        self._vote_tick = self.now
+        self.acked = [0] * self.n
+        self.stats["view_changes_started"] = self.stats.get("view_changes_started", 0) + 1
+        self.election_due = self._election_deadline()
+        self.broadcast(VRequest(self.view, self.vote_base))
+
+    @handles(_handlers, Ping)
+    def _on_ping(self, src: int, m: Ping) -> None:
+        if m.view < self.view:
+            if m.tick != ALIVE or src == ballot_owner(m.view):
+                self.send(src, Ping(self.view, -1), lazy=True)
+            return
+        if not self._view_ok(src, m):
+            return
+        if src == self.leader and m.tick >= 0:
+            self._heard_from_leader()
+
+    @handles(_handlers, VRequest)
+    def _on_vrequest(self, src: int, m: VRequest) -> None:
+        if ballot_owner(m.view) != src or m.from_slot < 0:
+            return
+        if m.view < self.view:
+            self.send(src, Ping(self.view, -1))
+            return
+        if m.view > self.view:
+            if self.now < self.no_vote_until:
+                return
+            self._adopt_view(m.view)
+        slots = [[j, s.view, s.batch, s.committed] for j, s in sorted(self.log.items()) if j >= m.from_slot]
+        self.send(src, Vote(self.view, self.committed, slots, []))
+
+    @handles(_handlers, Vote)
+    def _on_vote(self, src: int, m: Vote) -> None:
+        if self.phase != "candidate" or m.view != self.view:
+            if m.view > self.view:
+                self._adopt_view(m.view)
+            return
+        for entry in m.slots:
+            if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
+                return
+        self.votes[src] = m
+        if len(self.votes) + 1 >= self.quorum:
+            self._take_office()
+
+    def _take_office(self) -> None:
+        base = self.vote_base
+        best: dict[int, tuple[int, list | None, bool]] = {}
+        reports = [[[j, s.view, s.batch, s.committed] for j, s in self.log.items() if j >= base]]
+        reports += [v.slots for v in self.votes.values()]
+        for report in reports:
+            for j, view, batch, committed in report:
+                if j < base:
+                    continue
+                cur = best.get(j)
+                if cur is None or (committed and not cur[2]) or (not cur[2] and view > cur[0]):
+                    best[j] = (view, batch, committed)
+        end = max(best) + 1 if best else base
+        batches = [best[j][1] if j in best else None for j in range(base, end)]  # holes: no-op
+        for k, batch in enumerate(batches):
+            slot = self.log.get(base + k)
+            if slot is None or not slot.committed:
+                self.log[base + k] = MSlot(self.view, batch)
+        for j in [j for j in self.log if j >= end]:
+            del self.log[j]
+        self.stats["elections"] = self.stats.get("elections", 0) + 1
+        # Commands we forwarded to the old leader and never saw committed are ours now.
+        again = [cmd for _, cmds in self._fwd_log for cmd in cmds if (cmd[0], cmd[1]) in self._mine]
+        self._fwd_log = []
+        self._queue = again + self._queue
+        self.phase = "recovering"
+        self.recover_end = end
+        self.next_slot = end
+        self.prefix = self.committed
+        self.votes = {}
+        if batches:
+            self.persist(["M", self.view, base, batches])
+            self._advance_prefix()
+            for lo in range(0, len(batches), SLOTS_PER_MSG_MAX):
+                self.broadcast(MAccept(self.view, base + lo, batches[lo : lo + SLOTS_PER_MSG_MAX]))
+            self._accept_tick = [self.now] * self.n
+        else:
+            self._advance_prefix()
+        self._recompute_commit()
+        if self.recover_end <= self.committed:
+            self.phase = "normal"
+        self.broadcast(Ping(self.view, self.now))
+
     def status(self) -> dict:
         return {
             "protocol": self.protocol,
             "id": self.id,
             "view": self.view,
             "leader": self.leader,
+            "phase": self.phase,
             "prefix": self.prefix,
             "committed": self.committed,
             "exec_slot": self.exec_slot,

@@ -29,9 +29,13 @@ from typing import Any
 
 from .config import ProtocolConfig
 from .executor import Executor
-from .messages import Message
+from .messages import Message, Ping
 from .ready import Executed, Ready, Reply
 from .statemachine import StateMachine
+
+
+# Ping.tick value of a plain liveness ping (not a sequencer heartbeat or a notice).
+ALIVE = -2
 
 
 class ReplicaBase:
@@ -65,6 +69,9 @@ class ReplicaBase:
         self._needs_result: dict[tuple, None] = {}  # (client, seq) answered after execution
         self._exec_out: list = []
         self.stats: dict[str, int] = {"proposed": 0, "instances": 0, "executed": 0}
+        self.view = 0
+        # Tick we last heard anything from each peer (failure suspicion).
+        self.heard = [0] * cfg.n
 
     # --- driver interface ---------------------------------------------------------
 
@@ -77,6 +84,7 @@ class ReplicaBase:
     def step(self, src: int, msgs: list[Message]) -> None:
         if not 0 <= src < self.n or src == self.id:
             return  # not a peer of ours; the transport should have refused it
+        self.heard[src] = self.now
         for msg in msgs:
             handler = self._handlers.get(type(msg))
             if handler is not None:
@@ -84,6 +92,10 @@ class ReplicaBase:
 
     def tick(self) -> None:
         self.now += 1
+        if self.now % self.cfg.heartbeat_ticks == 0:
+            # "I am alive" (tick -2): lets peers pick live thrifty quorums and suspect
+            # dead command leaders; lazy, so it rides on other traffic when there is any.
+            self.broadcast(Ping(self.view, ALIVE), lazy=True)
         for dst, msgs in self._lazy.items():
             if msgs:
                 self._out.setdefault(dst, []).extend(msgs)
@@ -119,6 +131,15 @@ class ReplicaBase:
         for dst in range(self.n):
             if dst != self.id:
                 self.send(dst, msg, lazy)
+
+    def suspected(self, peer: int) -> bool:
+        """Heard nothing from ``peer`` for an election timeout."""
+        return peer != self.id and self.now - self.heard[peer] >= self.cfg.election_ticks
+
+    def live_peers(self) -> list[int]:
+        """Peers nearest first, those we do not suspect before those we do."""
+        peers = self.cfg.peer_order[self.id]
+        return [p for p in peers if not self.suspected(p)] + [p for p in peers if self.suspected(p)]
 
     def persist(self, record: list) -> None:
         self._persist.append(record)

@@ -7,67 +7,113 @@ to a thrifty quorum. Ordering is centralized: the *sequencer* proposes, in O-ins
 naming CL ``n`` stands for ``n``'s k-th C-instance (numbering by position, paper
 Fig. 2), so the merged global log executes C-instance ``k`` of ``n`` at that slot.
 
-Choices that make it safe where the authors' prototype is not
+Normal case, with the choices that make it safe where the authors' prototype is not
 (``../shared/papers/sdpaxos-implementation-notes.md``):
 
 - Assignment is idempotent: a C-request or accepted C-accept for ``(n, i)`` appends
   O-slots for ``n`` until ``n`` owns ``i + 1`` of them, so duplicates, resends and
-  reordering never shift the position numbering (trap 1). A rejected C-accept
-  assigns nothing.
+  reordering never shift the numbering (trap 1). A rejected C-accept assigns nothing.
 - Counts come from the O-log itself, never from counting messages (trap 2).
 - Ready conditions are exactly Fig. 5 (trap 3):
   * N = 3 or N >= 7: C_n^i committed and >= i+1 committed O-slots naming n. With
     N = 3 an acceptor's accept plus the sequencer's is a majority, so every replica
     commits an O-slot the moment it accepts it from the sequencer.
   * N = 5, non-sequencer: C_n^i committed and every O-slot up to n's (i+1)-th one
-    accepted by n itself in the current view (the sequencer accepted them all).
-    The sequencer sends every O-accept to every replica, so nothing is missed.
+    accepted by n in the current view (the sequencer accepted them all; it sends
+    every O-accept to every replica, so nothing is missed).
   * N = 5, sequencer: C_n^i committed and every O-slot up to its (i+1)-th one
     accepted by a majority.
-- An instance is committed once; late acks are ignored (trap 4). Short commits
-  (no commands) go only to peers that acked that very ballot (trap 6).
-- Everything is resent on timeouts; a replica missing a committed C-instance fetches
-  it (trap 5). Messages carry the view; stale views are refused.
+- An instance is committed once; late acks are ignored (trap 4). Short commits go
+  only to peers that acked that very ballot (trap 6). Everything is resent on
+  timeouts and a replica missing a committed C-instance fetches it (trap 5).
 
-O-acks are cumulative ("every slot below ``prefix`` accepted in this view"), go to the
-sequencer (and with N >= 7 to the CLs named, the learners of the paper), and the
-sequencer announces the committed prefix in ``OCommit`` with the values a peer
-has not acked, which doubles as its heartbeat. Batching: commands proposed between
-two ``ready()`` calls share one C-instance; the O-slots assigned in one step travel
-in one ``OAccept`` (O-instance batching at the message level; with command batching
-one O-slot already orders a whole batch).
+Failures (paper §3.3, §3.5, §4, appendix A):
+
+- **Views are ballots** (``round << 5 | sequencer``), carried by every message;
+  stale views are refused. A replica adopts any higher view it sees, which only
+  restricts what it accepts. One vote per view number follows from the encoding.
+- **View change**: a replica that hears nothing from the sequencer for
+  ``election_ticks`` (randomized) sends ``VRequest`` (the O-prepare of every slot from
+  its committed prefix on); each ``Vote`` carries the voter's O-slots with the view
+  they were accepted in and its highest accepted C-instance per CL. With a majority,
+  the candidate keeps the highest-view value per slot, runs Fig. 7 for N = 5 when
+  the last sequencer did not vote, fills holes with no-cl, re-proposes the whole
+  suffix in its view and serves only once a majority has accepted it (trap 7, 8).
+- **Sequencer lease**: pings carry the sequencer's tick, pongs echo it; a replica
+  that pongs promises not to vote for another sequencer for ``lease_ticks``. With a
+  majority of pongs the sequencer answers ``RRequest`` with i_A from its history
+  table (or i_G); the reader executes through that slot and reads locally. Without
+  a lease, reads go through the log. A restarted replica waits one lease before
+  voting, since its promise was volatile.
+- **C-instance recovery**: a replica blocked on a committed O-slot whose C-instance
+  it lacks fetches it, and later (staggered by distance from the CL) runs Prepare
+  over that CL's instances and re-proposes what it finds or a no-op. A CL nacked by
+  a higher ballot re-prepares its own instances before proposing again.
+- **Straggler detection**, **handover** (``transfer_sequencer``) and **catch-up**
+  (``OCommit`` values from the peer's acked prefix, pipelined ``Fetch``).
 
 Durable records (``Ready.persist``), replayed by ``__init__(records=...)``:
 ``["P", leader, ballot]`` promise; ``["C", leader, inst, ballot, cmds]`` accepted;
 ``["CC", leader, inst]`` committed; ``["O", view, start, leaders]`` accepted O-slots;
-``["OC", upto]`` committed O-prefix.
+``["OC", upto]`` committed O-prefix; ``["V", view]`` joined (voted for) a view.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from .config import NOCL, ProtocolConfig, make_ballot
-from .messages import CAccept, CAck, CCommit, CRequest, Fetch, Message, OAccept, OAck, OCommit
-from .replica import ReplicaBase, handles
+from .config import NOCL, ProtocolConfig, ballot_owner, ballot_round, make_ballot
+from .messages import (
+    CAccept,
+    CAck,
+    CCommit,
+    CPrepare,
+    CPromise,
+    CRequest,
+    Fetch,
+    Handover,
+    Message,
+    OAccept,
+    OAck,
+    OCommit,
+    Ping,
+    Pong,
+    RReply,
+    RRequest,
+    Straggler,
+    Vote,
+    VRequest,
+)
+from .ready import Reply
+from .replica import ALIVE, ReplicaBase, handles
 from .statemachine import StateMachine
 
 # Most O-slot values carried by one OAccept or OCommit (bounds message size).
 OSLOTS_PER_MSG_MAX = 8192
 # Most committed C-instances one Fetch answer carries.
 FETCH_INSTANCES_MAX = 64
+# Most C-instances one CPromise reports.
+PROMISE_INSTANCES_MAX = 4096
+# RReply.slot meaning "no lease: send the read through the log".
+READ_VIA_LOG = -2
+
+
+class SafetyViolation(AssertionError):
+    """An invariant the protocol relies on does not hold (assertions stay on)."""
 
 
 class CInst:
     """One C-instance as this replica knows it."""
 
-    __slots__ = ("ballot", "cmds", "committed", "acks", "sent_tick")
+    __slots__ = ("ballot", "cmds", "committed", "acks", "sent_to", "sent_tick")
 
     def __init__(self, ballot: int, cmds: list | None) -> None:
         self.ballot = ballot
         self.cmds = cmds
         self.committed = False
-        self.acks = 0  # bitmask of acceptors (command leader only)
+        self.acks = 0  # bitmask of acceptors (proposer only)
+        self.sent_to = 0  # bitmask of peers the accept went to (proposer only)
         self.sent_tick = 0
 
 
@@ -84,6 +130,21 @@ class OSlot:
         self.fast = False
 
 
+class CRecovery:
+    """Prepare/accept over another leader's C-instances (or our own, re-prepared)."""
+
+    __slots__ = ("leader", "ballot", "from_inst", "need", "promises", "started", "accepting")
+
+    def __init__(self, leader: int, ballot: int, from_inst: int, need: int, started: int) -> None:
+        self.leader = leader
+        self.ballot = ballot
+        self.from_inst = from_inst
+        self.need = need  # highest instance that must be decided
+        self.promises: dict[int, list] = {}
+        self.started = started
+        self.accepting: dict[int, CInst] = {}
+
+
 class SDPaxosReplica(ReplicaBase):
     protocol = "sdpaxos"
     _handlers: dict[type, object] = {}
@@ -98,14 +159,17 @@ class SDPaxosReplica(ReplicaBase):
     ) -> None:
         super().__init__(node_id, cfg, sm, records, rng)
         n = self.n
-        self.view = 0
-        self.sequencer = cfg.initial_sequencer
+        self.view = cfg.initial_view
+        self.sequencer = ballot_owner(self.view)
+        self.phase = "normal"  # normal | candidate | recovering (new sequencer) | stale
         # C-log: clog[leader][inst]
         self.clog: list[dict[int, CInst]] = [{} for _ in range(n)]
+        self.c_max = [-1] * n  # highest C-instance accepted here, per leader
         self.promised = [0] * n
         self.ballot = make_ballot(0, node_id)  # ballot of my own C-instances
         self.next_inst = 0
         self.unready: dict[int, CInst] = {}  # my instances not yet answered, by inst
+        self.crec: dict[int, CRecovery] = {}
         # O-log
         self.oslots: dict[int, OSlot] = {}
         self.o_prefix = 0  # slots below are accepted in this view or committed
@@ -113,7 +177,7 @@ class SDPaxosReplica(ReplicaBase):
         self.my_committed = 0  # committed O-slots naming me (N = 3, N >= 7 rule)
         self.my_in_prefix = 0  # O-slots naming me below o_prefix (N = 5 rule)
         self.my_in_majority = 0  # O-slots naming me below majority_prefix
-        self.acked = [0] * n  # cumulative O-acks received, per replica
+        self.acked = [0] * n  # cumulative O-acks received in this view, per replica
         self.majority_prefix = 0
         # Sequencer state
         self.next_slot = 0
@@ -121,13 +185,47 @@ class SDPaxosReplica(ReplicaBase):
         self._new_slots: list[int] = []
         self._commit_sent = [0] * n
         self._oaccept_tick = [0] * n
+        self._deferred: list[tuple[int, int, list]] = []  # C-requests while recovering
+        self.recover_end = 0
+        self.history: dict[Any, int] = {}  # key -> last slot assigned to a write on it
+        self.unknown_keys_slot = -1  # highest slot assigned without knowing its keys
+        keys_of = getattr(sm, "keys_of", None)
+        self._keys_of = keys_of if callable(keys_of) else None
+        # Leases and failure detection
+        self.last_heard = 0
+        self.election_due = self._election_deadline()
+        self.lease_until = 0  # my promise: no vote for another sequencer before this
+        self.no_vote_until = cfg.lease_ticks  # a restart forgets promises: wait one lease
+        self.lease_acks = [-1] * n  # sequencer: ping tick each replica last answered
+        self.lease_expiry = -1  # sequencer: lease valid while now < lease_expiry
+        self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
+        self.votes: dict[int, Vote] = {}
+        self.vote_base = 0
+        self._vote_tick = 0
+        # Reads
+        self._next_rid = 0
+        self._reads: dict[int, tuple] = {}  # rid -> (client, seq, op, sent tick)
+        self._reads_waiting: list[tuple[int, Any, int, Any]] = []  # (slot, client, seq, op)
+        # Straggler detection
+        self._window_start = 0
+        self._window_asked = 0
+        self._window_served = 0
+        self._strikes = 0
+        self._straggler_votes: dict[int, None] = {}
+        self._last_view_change = 0
         # Execution of the merged log
         self.exec_slot = 0
         self.exec_inst = [0] * n
         self._blocked_since = -1
+        self._blocked_on: tuple[int, int] | None = None
         self._fetch_rr = 0
+        self.stats.update({"elections": 0, "view_changes_started": 0, "recoveries": 0, "lease_reads": 0, "log_reads": 0})
         if records:
             self._replay(records)
+        if self.id == self.sequencer and records:
+            # We were the sequencer (or a candidate) before a restart: we cannot know
+            # whether we won, and our lease is gone, so run a fresh election.
+            self.phase = "stale"
 
     # --- recovery from durable records ------------------------------------------------
 
@@ -142,6 +240,7 @@ class SDPaxosReplica(ReplicaBase):
                 elif not c.committed:
                     c.ballot, c.cmds = ballot, cmds
                 self.promised[leader] = max(self.promised[leader], ballot)
+                self.c_max[leader] = max(self.c_max[leader], inst)
             elif kind == "CC":
                 c = self.clog[rec[1]].get(rec[2])
                 if c is not None:
@@ -152,7 +251,7 @@ class SDPaxosReplica(ReplicaBase):
                 _, view, start, leaders = rec
                 for k, leader in enumerate(leaders):
                     slot = self.oslots.get(start + k)
-                    if slot is None or not slot.committed:
+                    if slot is None or (not slot.committed and view >= slot.view):
                         self.oslots[start + k] = OSlot(leader, view)
             elif kind == "OC":
                 upto = rec[1]
@@ -161,27 +260,58 @@ class SDPaxosReplica(ReplicaBase):
                     if slot is not None:
                         slot.committed = True
                 self.o_committed = max(self.o_committed, upto)
+            elif kind == "V":
+                if rec[1] > self.view:
+                    self.view = rec[1]
+                    self.sequencer = ballot_owner(self.view)
         own = self.clog[self.id]
         self.next_inst = max(own) + 1 if own else 0
+        top = max([self.ballot] + [c.ballot for c in own.values()])
+        if top != self.ballot or self.promised[self.id] > self.ballot:
+            # Someone recovered our instances meanwhile: re-prepare before proposing.
+            self.ballot = make_ballot(ballot_round(max(top, self.promised[self.id])), self.id)
         for inst in sorted(own):
             c = own[inst]
             if not c.committed:
                 c.acks = 1 << self.id
                 self.unready[inst] = c  # re-proposed by the resend timer
-        self.my_committed = sum(1 for s in self.oslots.values() if s.committed and s.leader == self.id)
-        self._advance_o_prefix()
+        self._reset_prefix()
         if self.id == self.sequencer:
-            self.next_slot = self.o_prefix
-            for j in range(self.next_slot):
-                leader = self.oslots[j].leader
-                if leader != NOCL:
-                    self.assigned[leader] += 1
-            self._recompute_majority()
+            self._rebuild_sequencer_state(self.o_prefix)
         self._execute()
+
+    # --- driver interface additions ---------------------------------------------------
+
+    def read(self, client: Any, seq: int, op: Any, key: Any) -> None:
+        """A read-only ``op`` on ``key``: through the sequencer lease when possible."""
+        if self.id == self.sequencer:
+            slot = self._read_slot(key)
+            if slot == READ_VIA_LOG:
+                self._read_via_log(client, seq, op)
+            else:
+                self.stats["lease_reads"] += 1
+                self._wait_read(slot, client, seq, op)
+            return
+        rid = self._next_rid
+        self._next_rid += 1
+        self._reads[rid] = (client, seq, op, self.now)
+        self.send(self.sequencer, RRequest(self.view, rid, key))
+
+    def transfer_sequencer(self, target: int) -> bool:
+        """Graceful handover: the sequencer steps down and ``target`` takes over."""
+        if self.id != self.sequencer or self.phase != "normal" or not 0 <= target < self.n or target == self.id:
+            return False
+        self.lease_expiry = -1
+        self.lease_until = 0
+        self.distrust_view = self.view
+        self.broadcast(Handover(self.view, target))
+        return True
 
     # --- proposing (command leader) ---------------------------------------------------
 
     def _flush_proposals(self) -> None:
+        if self.id in self.crec:
+            return  # re-preparing our own instances: new ones wait
         while self._pending and len(self.unready) < self.cfg.inflight_max:
             self._propose_instance(self._take_batch())
 
@@ -192,27 +322,40 @@ class SDPaxosReplica(ReplicaBase):
         c.acks = 1 << self.id
         c.sent_tick = self.now
         self.clog[self.id][inst] = c
+        self.c_max[self.id] = inst
         self.unready[inst] = c
+        self._window_asked += 1
         self.stats["instances"] += 1
         self.persist(["C", self.id, inst, self.ballot, cmds])
         msg = CAccept(self.view, self.id, inst, self.ballot, cmds)
         targets = self._thrifty_targets()
         for dst in targets:
             self.send(dst, msg)
+            c.sent_to |= 1 << dst
         if self.id == self.sequencer:
-            self._assign(self.id, inst)
+            self._assign(self.id, inst, self._keys(cmds))
         elif self.sequencer not in targets:
-            self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
+            self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(cmds)))
 
-    def _thrifty_targets(self) -> tuple[int, ...]:
-        peers = self.cfg.peer_order[self.id]
+    def _thrifty_targets(self) -> list[int]:
+        peers = self.live_peers()
         return peers[: self.quorum - 1] if self.cfg.thrifty else peers
+
+    def _keys(self, cmds: list | None) -> list:
+        if not cmds or self._keys_of is None:
+            return []
+        keys = []
+        for cmd in cmds:
+            keys.extend(self._keys_of(cmd[2]))
+        return keys
 
     # --- C-phase ------------------------------------------------------------------------
 
     @handles(_handlers, CAccept)
     def _on_caccept(self, src: int, m: CAccept) -> None:
         if not self._view_ok(src, m) or not 0 <= m.leader < self.n or m.inst < 0:
+            if m.view < self.view:
+                self.send(src, CAck(self.view, m.leader, m.inst, self.promised[m.leader], False))
             return
         log = self.clog[m.leader]
         c = log.get(m.inst)
@@ -220,7 +363,7 @@ class SDPaxosReplica(ReplicaBase):
             self.send(src, CAck(self.view, m.leader, m.inst, self.promised[m.leader], False))
             return
         if c is not None and c.committed:
-            # Already chosen: the value cannot differ; just confirm.
+            # Already chosen: a higher ballot can only carry the same value.
             self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
         else:
             if c is None:
@@ -228,27 +371,44 @@ class SDPaxosReplica(ReplicaBase):
             else:
                 c.ballot, c.cmds = m.ballot, m.cmds
             self.promised[m.leader] = m.ballot
+            if m.inst > self.c_max[m.leader]:
+                self.c_max[m.leader] = m.inst
             self.persist(["C", m.leader, m.inst, m.ballot, m.cmds])
             self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
         if self.id == self.sequencer and m.leader == src:
-            self._assign(m.leader, m.inst)
+            self._assign(m.leader, m.inst, self._keys(m.cmds))
 
     @handles(_handlers, CAck)
     def _on_cack(self, src: int, m: CAck) -> None:
-        if m.leader != self.id:
+        if not 0 <= m.leader < self.n:
+            return
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        rec = self.crec.get(m.leader)
+        if m.leader != self.id or (rec is not None and rec.accepting):
+            if rec is not None and m.ok and m.ballot == rec.ballot:
+                self._recovery_ack(rec, src, m.inst)
             return
         c = self.clog[self.id].get(m.inst)
-        if c is None or c.committed or not m.ok or m.ballot != c.ballot:
+        if c is None or c.committed:
+            return
+        if not m.ok:
+            if m.ballot > c.ballot and self.id not in self.crec:
+                # Someone prepared our instances with a higher ballot (we were
+                # suspected): re-prepare before proposing anything again.
+                self._start_crecovery(self.id, min(self.unready, default=m.inst), self.next_inst - 1, m.ballot)
+            return
+        if m.ballot != c.ballot:
             return  # late, duplicate or for an older ballot: ignore (trap 4)
         c.acks |= 1 << src
         if c.acks.bit_count() >= self.quorum:
-            self._commit_own(m.inst, c)
+            self._commit_c(self.id, m.inst, c)
 
-    def _commit_own(self, inst: int, c: CInst) -> None:
+    def _commit_c(self, leader: int, inst: int, c: CInst) -> None:
         c.committed = True
-        self.persist(["CC", self.id, inst])
-        full = CCommit(self.view, self.id, inst, c.ballot, True, c.cmds)
-        short = CCommit(self.view, self.id, inst, c.ballot, False, None)
+        self.persist(["CC", leader, inst])
+        full = CCommit(self.view, leader, inst, c.ballot, True, c.cmds)
+        short = CCommit(self.view, leader, inst, c.ballot, False, None)
         for dst in range(self.n):
             if dst != self.id:
                 self.send(dst, short if c.acks >> dst & 1 else full)
@@ -268,11 +428,15 @@ class SDPaxosReplica(ReplicaBase):
                 log[m.inst] = c = CInst(m.ballot, m.cmds)
             else:
                 c.ballot, c.cmds = m.ballot, m.cmds
+            if m.inst > self.c_max[m.leader]:
+                self.c_max[m.leader] = m.inst
             self.persist(["C", m.leader, m.inst, m.ballot, m.cmds])
         elif c is None or c.ballot != m.ballot:
             return  # we do not hold that ballot's value: fetch it when execution needs it
         c.committed = True
         self.persist(["CC", m.leader, m.inst])
+        if m.leader == self.id:
+            self._check_ready()
         self._execute()
 
     @handles(_handlers, CRequest)
@@ -280,18 +444,138 @@ class SDPaxosReplica(ReplicaBase):
         if not self._view_ok(src, m) or m.leader != src or m.inst < 0:
             return
         if self.id == self.sequencer:
-            self._assign(m.leader, m.inst)
+            self._assign(m.leader, m.inst, m.keys)
+
+    # --- C-instance recovery (paper §3.3) -----------------------------------------------
+
+    def _start_crecovery(self, leader: int, from_inst: int, need: int, seen_ballot: int = 0) -> None:
+        top = max(self.promised[leader], seen_ballot, self.ballot if leader == self.id else 0)
+        ballot = make_ballot(ballot_round(top) + 1, self.id)
+        rec = CRecovery(leader, ballot, from_inst, need, self.now)
+        self.crec[leader] = rec
+        self.promised[leader] = ballot
+        self.stats["recoveries"] += 1
+        self.persist(["P", leader, ballot])
+        rec.promises[self.id] = self._accepted_from(leader, from_inst)
+        self.broadcast(CPrepare(self.view, leader, from_inst, ballot, need))
+
+    def _accepted_from(self, leader: int, from_inst: int) -> list:
+        log = self.clog[leader]
+        out = []
+        for inst in range(from_inst, min(self.c_max[leader] + 1, from_inst + PROMISE_INSTANCES_MAX)):
+            c = log.get(inst)
+            if c is not None:
+                out.append([inst, c.ballot, c.cmds, c.committed])
+        return out
+
+    @handles(_handlers, CPrepare)
+    def _on_cprepare(self, src: int, m: CPrepare) -> None:
+        if not 0 <= m.leader < self.n or m.from_inst < 0 or ballot_owner(m.ballot) != src:
+            return
+        if m.ballot < self.promised[m.leader]:
+            self.send(src, CPromise(self.view, m.leader, self.promised[m.leader], False, []))
+            return
+        if m.ballot > self.promised[m.leader]:
+            self.promised[m.leader] = m.ballot
+            self.persist(["P", m.leader, m.ballot])
+        self.send(src, CPromise(self.view, m.leader, m.ballot, True, self._accepted_from(m.leader, m.from_inst)))
+
+    @handles(_handlers, CPromise)
+    def _on_cpromise(self, src: int, m: CPromise) -> None:
+        rec = self.crec.get(m.leader) if 0 <= m.leader < self.n else None
+        if rec is None or rec.accepting:
+            return
+        if not m.ok:
+            if m.ballot > rec.ballot:
+                del self.crec[m.leader]  # retried later with a higher ballot
+                self.promised[m.leader] = max(self.promised[m.leader], m.ballot)
+            return
+        if m.ballot != rec.ballot:
+            return
+        for entry in m.accepted:
+            if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
+                return
+        rec.promises[src] = m.accepted
+        if len(rec.promises) >= self.quorum:
+            self._recovery_propose(rec)
+
+    def _recovery_propose(self, rec: CRecovery) -> None:
+        """Phase 2 of recovery: the highest-ballot value per instance, else a no-op."""
+        best: dict[int, tuple[int, Any, bool]] = {}
+        for accepted in rec.promises.values():
+            for inst, ballot, cmds, committed in accepted:
+                cur = best.get(inst)
+                if cur is None or (committed and not cur[2]) or (not cur[2] and ballot > cur[0]):
+                    best[inst] = (ballot, cmds, committed)
+        upto = max([rec.need] + list(best))
+        leader = rec.leader
+        log = self.clog[leader]
+        own = leader == self.id
+        if own:
+            self.ballot = rec.ballot
+            self.next_inst = max(self.next_inst, upto + 1)
+        for inst in range(rec.from_inst, upto + 1):
+            c = log.get(inst)
+            if c is not None and c.committed:
+                continue
+            cmds = best[inst][1] if inst in best else None
+            if c is None:
+                log[inst] = c = CInst(rec.ballot, cmds)
+            else:
+                c.ballot, c.cmds = rec.ballot, cmds
+            c.acks = 1 << self.id
+            c.sent_tick = self.now
+            if inst > self.c_max[leader]:
+                self.c_max[leader] = inst
+            self.persist(["C", leader, inst, rec.ballot, cmds])
+            rec.accepting[inst] = c
+            if own:
+                self.unready[inst] = c
+            self.broadcast(CAccept(self.view, leader, inst, rec.ballot, cmds))
+        if own:
+            # Our instances are ordinary again, at the new ballot.
+            self.unready = dict(sorted(self.unready.items()))
+            del self.crec[leader]
+            if self.id != self.sequencer:
+                for inst in self.unready:
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
+        elif not rec.accepting:
+            del self.crec[leader]
+        rec.promises = {}
+
+    def _recovery_ack(self, rec: CRecovery, src: int, inst: int) -> None:
+        c = rec.accepting.get(inst)
+        if c is None or c.committed:
+            return
+        c.acks |= 1 << src
+        if c.acks.bit_count() >= self.quorum:
+            del rec.accepting[inst]
+            self._commit_c(rec.leader, inst, c)
+            if not rec.accepting and self.crec.get(rec.leader) is rec:
+                del self.crec[rec.leader]
 
     # --- O-phase: sequencer -------------------------------------------------------------
 
-    def _assign(self, leader: int, inst: int) -> None:
+    def _assign(self, leader: int, inst: int, keys: list) -> None:
         """Idempotent: give ``leader`` O-slots until it owns ``inst + 1`` of them."""
+        if self.phase != "normal":
+            # Candidate or recovering: order these right after the recovered log.
+            if self.phase in ("candidate", "recovering") and len(self._deferred) < 65536:
+                self._deferred.append((leader, inst, keys))
+            return
+        if self.assigned[leader] > inst:
+            return
         while self.assigned[leader] <= inst:
             slot = self.next_slot
             self.next_slot += 1
             self.assigned[leader] += 1
             self.oslots[slot] = OSlot(leader, self.view)
             self._new_slots.append(leader)
+            if self.assigned[leader] <= inst:
+                self.unknown_keys_slot = slot  # an earlier instance whose keys we never saw
+        for key in keys:
+            if type(key) in (str, int, bytes):
+                self.history[key] = self.next_slot - 1
 
     def _before_ready(self) -> None:
         if not self._new_slots:
@@ -299,18 +583,23 @@ class SDPaxosReplica(ReplicaBase):
         leaders = self._new_slots
         self._new_slots = []
         start = self.next_slot - len(leaders)
+        self._propose_slots(start, leaders)
+
+    def _propose_slots(self, start: int, leaders: list[int]) -> None:
         self.persist(["O", self.view, start, leaders])
         self._advance_o_prefix()
-        msg = OAccept(self.view, start, leaders)
-        for dst in range(self.n):
-            if dst != self.id:
-                self.send(dst, msg)
-                self._oaccept_tick[dst] = self.now
+        for lo in range(0, len(leaders), OSLOTS_PER_MSG_MAX):
+            msg = OAccept(self.view, start + lo, leaders[lo : lo + OSLOTS_PER_MSG_MAX])
+            for dst in range(self.n):
+                if dst != self.id:
+                    self.send(dst, msg)
+                    self._oaccept_tick[dst] = self.now
         self._recompute_majority()
 
     @handles(_handlers, OAck)
     def _on_oack(self, src: int, m: OAck) -> None:
         if m.view != self.view:
+            self._view_ok(src, m)
             return
         if m.prefix > self.acked[src]:
             self.acked[src] = m.prefix
@@ -329,6 +618,8 @@ class SDPaxosReplica(ReplicaBase):
         self.majority_prefix = prefix
         if self.id == self.sequencer or self.n >= 7:
             self._commit_oslots(prefix)
+        if self.phase == "recovering" and prefix >= self.recover_end:
+            self._start_serving()
 
     # --- O-phase: acceptors and command leaders ------------------------------------
 
@@ -338,25 +629,36 @@ class SDPaxosReplica(ReplicaBase):
             return
         if len(m.leaders) > OSLOTS_PER_MSG_MAX:
             return
+        for leader in m.leaders:
+            if type(leader) is not int or not NOCL <= leader < self.n:
+                return
+        self._heard_from_sequencer()
         me = self.id
         fresh = False
         named_seq = False
-        for k, leader in enumerate(m.leaders):
-            if type(leader) is not int or not NOCL <= leader < self.n:
-                return
+        replaced = False
         for k, leader in enumerate(m.leaders):
             j = m.start + k
             slot = self.oslots.get(j)
             if slot is not None and (slot.committed or slot.view == m.view):
                 continue
+            if slot is not None:
+                replaced = True
+                if j < self.exec_slot and slot.leader != leader:
+                    raise SafetyViolation(f"replica {me}: executed O-slot {j} ({slot.leader}) re-proposed as {leader}")
             slot = OSlot(leader, m.view)
             if self.n == 5 and leader == me:
                 slot.fast = True  # Fig. 5 line 29: the CL commits on the O-accept
+                self._window_served += 1
+            elif leader == me:
+                self._window_served += 1
             self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
         if fresh:
             self.persist(["O", m.view, m.start, m.leaders])
+        if replaced:
+            self._recount_mine()
         old = self.o_prefix
         self._advance_o_prefix()
         if self.n == 3:
@@ -370,7 +672,7 @@ class SDPaxosReplica(ReplicaBase):
         if self.o_prefix > old or not fresh:
             ack = OAck(self.view, self.o_prefix)
             # The sequencer waits on acks only for its own slots; others can ride later.
-            self.send(self.sequencer, ack, lazy=not named_seq)
+            self.send(self.sequencer, ack, lazy=not named_seq and self.phase == "normal")
             if self.n >= 7:
                 for leader in sorted({x for x in m.leaders if x not in (NOCL, me, self.sequencer)}):
                     self.send(leader, ack)
@@ -390,6 +692,13 @@ class SDPaxosReplica(ReplicaBase):
             j += 1
         self.o_prefix = j
         self.my_in_prefix += mine
+
+    def _reset_prefix(self) -> None:
+        """A new view: only committed slots and this view's accepts count."""
+        self.o_prefix = self.o_committed
+        self.majority_prefix = self.o_committed
+        self._recount_mine()
+        self._advance_o_prefix()
 
     def _commit_oslots(self, upto: int) -> None:
         """Mark every held O-slot below ``upto`` committed (they are chosen)."""
@@ -416,18 +725,21 @@ class SDPaxosReplica(ReplicaBase):
     def _on_ocommit(self, src: int, m: OCommit) -> None:
         if not self._view_ok(src, m) or src != self.sequencer:
             return
+        self._heard_from_sequencer()
         if m.upto <= self.o_committed or len(m.leaders) > OSLOTS_PER_MSG_MAX:
             return
-        learned = []
-        for k, leader in enumerate(m.leaders):
+        for leader in m.leaders:
             if type(leader) is not int or not NOCL <= leader < self.n:
                 return
+        learned = False
         for k, leader in enumerate(m.leaders):
             j = m.start + k
             slot = self.oslots.get(j)
             if slot is None or (not slot.committed and (slot.leader != leader or slot.view != m.view)):
+                if slot is not None and j < self.exec_slot and slot.leader != leader:
+                    raise SafetyViolation(f"replica {self.id}: executed O-slot {j} ({slot.leader}) committed as {leader}")
                 self.oslots[j] = OSlot(leader, m.view)
-                learned.append(j)
+                learned = True
         if learned:
             self.persist(["O", m.view, m.start, m.leaders])
             self._recount_mine()
@@ -442,6 +754,7 @@ class SDPaxosReplica(ReplicaBase):
         me = self.id
         self.my_committed = 0
         self.my_in_prefix = 0
+        self.my_in_majority = 0
         for j, slot in self.oslots.items():
             if slot.leader != me:
                 continue
@@ -449,6 +762,8 @@ class SDPaxosReplica(ReplicaBase):
                 self.my_committed += 1
             if j < self.o_prefix:
                 self.my_in_prefix += 1
+            if j < self.majority_prefix:
+                self.my_in_majority += 1
 
     # --- readiness and execution ----------------------------------------------------
 
@@ -474,55 +789,445 @@ class SDPaxosReplica(ReplicaBase):
 
     def _execute(self) -> None:
         oslots, clog, me = self.oslots, self.clog, self.id
+        progressed = False
         while True:
             j = self.exec_slot
             slot = oslots.get(j)
-            if slot is None or not (slot.committed or (slot.fast and slot.leader == me)):
+            if slot is None or not (slot.committed or (slot.fast and slot.leader == me and slot.view == self.view)):
                 break
             leader = slot.leader
             if leader == NOCL:
                 self._apply(j, (NOCL, -1), None)
                 self.exec_slot += 1
+                progressed = True
                 continue
             inst = self.exec_inst[leader]
             c = clog[leader].get(inst)
             if c is None or not c.committed:
-                if self._blocked_since < 0:
+                if self._blocked_on != (leader, inst):
+                    fetch_now = progressed and self._blocked_on is not None
+                    self._blocked_on = (leader, inst)
                     self._blocked_since = self.now
+                    if fetch_now:
+                        self._fetch_missing()  # catching up: pipeline the next fetch
+                self._serve_reads()
                 return
             self._apply(j, (leader, inst), c.cmds)
             self.exec_inst[leader] = inst + 1
             self.exec_slot = j + 1
+            progressed = True
+        self._blocked_on = None
         self._blocked_since = -1
+        if progressed:
+            self._serve_reads()
+
+    # --- reads (paper §3.5) -----------------------------------------------------------
+
+    def _read_slot(self, key: Any) -> int:
+        """The slot a read of ``key`` must wait for, or READ_VIA_LOG without a lease."""
+        if self.phase != "normal" or self.now >= self.lease_expiry:
+            return READ_VIA_LOG
+        slot = self.history.get(key, -1) if type(key) in (str, int, bytes) else self.next_slot - 1
+        return max(slot, self.unknown_keys_slot)
+
+    def _wait_read(self, slot: int, client: Any, seq: int, op: Any) -> None:
+        if slot < self.exec_slot:
+            self._answer_read(client, seq, op)
+        else:
+            self._reads_waiting.append((slot, client, seq, op))
+
+    def _serve_reads(self) -> None:
+        if not self._reads_waiting:
+            return
+        keep = []
+        for entry in self._reads_waiting:
+            if entry[0] < self.exec_slot:
+                self._answer_read(entry[1], entry[2], entry[3])
+            else:
+                keep.append(entry)
+        self._reads_waiting = keep
+
+    def _answer_read(self, client: Any, seq: int, op: Any) -> None:
+        sm = self.executor.sm
+        query = getattr(sm, "query", None)
+        result = query(op) if callable(query) else sm.apply(op)
+        self._replies.append(Reply(client, seq, result))
+
+    def _read_via_log(self, client: Any, seq: int, op: Any) -> None:
+        self.stats["log_reads"] += 1
+        self.propose(client, seq, op, needs_result=True)
+
+    @handles(_handlers, RRequest)
+    def _on_rrequest(self, src: int, m: RRequest) -> None:
+        if self.id != self.sequencer or m.view > self.view:
+            self.send(src, RReply(self.view, m.rid, READ_VIA_LOG))
+            return
+        self.send(src, RReply(self.view, m.rid, self._read_slot(m.key)))
+
+    @handles(_handlers, RReply)
+    def _on_rreply(self, src: int, m: RReply) -> None:
+        entry = self._reads.pop(m.rid, None)
+        if entry is None:
+            return
+        client, seq, op, _ = entry
+        if m.slot == READ_VIA_LOG or m.slot < -1:
+            self._read_via_log(client, seq, op)
+        else:
+            self.stats["lease_reads"] += 1
+            self._wait_read(m.slot, client, seq, op)
+
+    # --- views ---------------------------------------------------------------------------
+
+    def _view_ok(self, src: int, m: Message) -> bool:
+        """Refuse stale views (and tell the sender); adopt newer ones."""
+        if m.view < self.view:
+            self.send(src, Ping(self.view, -1), lazy=True)
+            return False
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        return True
+
+    def _adopt_view(self, view: int) -> None:
+        if view <= self.view:
+            return
+        self.view = view
+        self.sequencer = ballot_owner(view)
+        self.persist(["V", view])
+        # A view we own but did not win in this incarnation: never act as its
+        # sequencer (we skipped phase 1); elect ourselves properly instead.
+        self.phase = "normal" if self.sequencer != self.id else "stale"
+        self.votes = {}
+        self._deferred = []
+        self.lease_expiry = -1
+        self.acked = [0] * self.n
+        self._reset_prefix()
+        self._last_view_change = self.now
+        self._strikes = 0
+        self._straggler_votes = {}
+        self._heard_from_sequencer()
+        # Our unanswered instances need slots from the new sequencer: ask at once.
+        for inst, c in self.unready.items():
+            c.sent_tick = self.now
+            if self.sequencer != self.id:
+                self.send(self.sequencer, CRequest(view, self.id, inst, self._keys(c.cmds)))
+            if not c.committed:
+                msg = CAccept(view, self.id, inst, c.ballot, c.cmds)
+                for dst in range(self.n):
+                    if dst != self.id and not c.acks >> dst & 1:
+                        self.send(dst, msg)
+        # Reads waiting on the old sequencer's answer go through the new one.
+        for rid, (client, seq, op, _) in list(self._reads.items()):
+            del self._reads[rid]
+            self._read_via_log(client, seq, op)
+
+    def _heard_from_sequencer(self) -> None:
+        self.last_heard = self.now
+        self.election_due = self._election_deadline()
+
+    def _election_deadline(self) -> int:
+        base = self.cfg.election_ticks
+        return self.now + base + self.rng.randrange(max(1, base // 2))
+
+    def _start_election(self) -> None:
+        view = make_ballot(ballot_round(self.view) + 1, self.id)
+        self.view = view
+        self.sequencer = self.id
+        self.phase = "candidate"
+        self.persist(["V", view])
+        self.votes = {}
+        self._deferred = []
+        self.vote_base = self.o_committed
+        self._vote_tick = self.now
+        self.lease_expiry = -1
+        self.acked = [0] * self.n
+        self.stats["view_changes_started"] += 1
+        self.election_due = self._election_deadline()
+        self.broadcast(VRequest(view, self.vote_base))
+
+    @handles(_handlers, VRequest)
+    def _on_vrequest(self, src: int, m: VRequest) -> None:
+        if ballot_owner(m.view) != src or m.from_slot < 0:
+            return
+        if m.view < self.view:
+            self.send(src, Ping(self.view, -1))
+            return
+        if m.view > self.view:
+            if self.now < self.no_vote_until:
+                return
+            if self.now < self.lease_until and self.sequencer != src:
+                return  # our lease promise to the current sequencer still holds
+            self._adopt_view(m.view)
+        slots = [
+            [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
+        ]
+        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max)))
+
+    @handles(_handlers, Vote)
+    def _on_vote(self, src: int, m: Vote) -> None:
+        if self.phase != "candidate" or m.view != self.view:
+            if m.view > self.view:
+                self._adopt_view(m.view)
+            return
+        for entry in m.slots:
+            if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
+                return
+            if not NOCL <= entry[1] < self.n:
+                return
+        if len(m.c_max) != self.n:
+            return
+        self.votes[src] = m
+        if len(self.votes) + 1 >= self.quorum:
+            self._take_office()
+
+    def _take_office(self) -> None:
+        """Reconstruct the assignment log from a majority of votes (Fig. 7)."""
+        base = self.vote_base
+        voters = sorted(self.votes) + [self.id]
+        best: dict[int, tuple[int, int, bool]] = {}  # slot -> (leader, view, committed)
+        reports = [[[j, s.leader, s.view, s.committed] for j, s in self.oslots.items() if j >= base]]
+        reports += [v.slots for v in self.votes.values()]
+        for report in reports:
+            for j, leader, view, committed in report:
+                if j < base:
+                    continue
+                cur = best.get(j)
+                if cur is None or (committed and not cur[2]) or (not cur[2] and view > cur[1]):
+                    best[j] = (leader, view, committed)
+        log: dict[int, int] = {j: e[0] for j, e in best.items()}
+        end = max(log) + 1 if log else base
+        if self.n == 5 and log:
+            self._fig7(base, log, best, voters)
+            end = max(log) + 1
+        leaders = [log.get(j, NOCL) for j in range(base, end)]
+        # Become the sequencer of this view.
+        self.phase = "recovering"
+        self.stats["elections"] += 1
+        self._last_view_change = self.now
+        for k, leader in enumerate(leaders):
+            j = base + k
+            old = self.oslots.get(j)
+            if old is not None and old.committed:
+                if old.leader != leader:
+                    raise SafetyViolation(f"new sequencer {self.id}: committed slot {j} changes {old.leader}->{leader}")
+                continue
+            if j < self.exec_slot and old is not None and old.leader != leader:
+                raise SafetyViolation(f"new sequencer {self.id}: executed slot {j} changes {old.leader}->{leader}")
+            self.oslots[j] = OSlot(leader, self.view)
+        for j in [j for j in self.oslots if j >= end]:
+            del self.oslots[j]  # proposed by an old view and seen by no voter: void
+        self._reset_prefix()
+        self._rebuild_sequencer_state(end)
+        self.recover_end = end
+        self.history = {}
+        self.unknown_keys_slot = end - 1
+        self.lease_acks = [-1] * self.n
+        self.votes = {}
+        if leaders:
+            self._propose_slots(base, leaders)
+        else:
+            self._recompute_majority()
+        if self.majority_prefix >= end:
+            self._start_serving()
+        self._ping()
+
+    def _fig7(self, base: int, log: dict[int, int], best: dict, voters: list[int]) -> None:
+        """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
+        replica R_m that neither voted nor was the last sequencer; give them to R_m
+        until it owns as many slots as C-instances a voter accepted from it."""
+        last_view = max((e[1] for e in best.values() if not e[2]), default=None)
+        if last_view is None:
+            return
+        last_seq = ballot_owner(last_view)
+        if last_seq in voters:
+            return  # the last sequencer reported every slot it proposed: no blind spot
+        others = [r for r in range(self.n) if r not in voters and r != last_seq]
+        if len(others) != 1:
+            return
+        m = others[0]
+        c_m = max([self.c_max[m]] + [v.c_max[m] for v in self.votes.values()])
+        if c_m < 0:
+            return
+        needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
+        below = sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
+        if below >= needed:
+            return
+        while True:
+            # Is R_m's needed-th slot there, with no empty O-instance before it?
+            seen, first_empty, satisfied = below, None, False
+            for j in range(base, max(log) + 2):
+                leader = log.get(j)
+                if leader is None:
+                    if first_empty is None:
+                        first_empty = j
+                    continue
+                if leader == m:
+                    seen += 1
+                    if seen == needed:
+                        satisfied = first_empty is None
+                        break
+            if satisfied:
+                return
+            if first_empty is None:
+                first_empty = max(log) + 1
+            log[first_empty] = m  # propose R_m in the first empty O-instance
+
+    def _rebuild_sequencer_state(self, end: int) -> None:
+        self.next_slot = end
+        self.assigned = [0] * self.n
+        for j in range(end):
+            slot = self.oslots.get(j)
+            if slot is not None and slot.leader != NOCL:
+                self.assigned[slot.leader] += 1
+        self._commit_sent = [0] * self.n
+
+    def _start_serving(self) -> None:
+        self.phase = "normal"
+        deferred, self._deferred = self._deferred, []
+        for leader, inst, keys in deferred:
+            self._assign(leader, inst, keys)
+
+    # --- leases and failure detection -------------------------------------------------
+
+    def _ping(self) -> None:
+        self.lease_until = self.now + self.cfg.lease_ticks
+        self.broadcast(Ping(self.view, self.now))
+
+    @handles(_handlers, Ping)
+    def _on_ping(self, src: int, m: Ping) -> None:
+        if m.view < self.view:
+            if m.tick != ALIVE or src == ballot_owner(m.view):
+                self.send(src, Ping(self.view, -1), lazy=m.tick < 0)
+            return
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        if src != self.sequencer or m.tick < 0:
+            return
+        self._heard_from_sequencer()
+        if self.distrust_view != self.view:
+            self.lease_until = self.now + self.cfg.lease_ticks
+            self.send(src, Pong(self.view, m.tick))
+
+    @handles(_handlers, Pong)
+    def _on_pong(self, src: int, m: Pong) -> None:
+        if m.view != self.view or self.id != self.sequencer:
+            return
+        if m.tick > self.lease_acks[src]:
+            self.lease_acks[src] = m.tick
+            acks = sorted([self.lease_acks[r] if r != self.id else self.now for r in range(self.n)], reverse=True)
+            granted = acks[self.quorum - 1]
+            if granted >= 0 and self.distrust_view != self.view:
+                self.lease_expiry = granted + int(self.cfg.lease_ticks * (1 - self.cfg.drift))
+
+    @handles(_handlers, Handover)
+    def _on_handover(self, src: int, m: Handover) -> None:
+        if m.view != self.view or src != self.sequencer:
+            return
+        self.lease_until = 0  # the sequencer released us from our lease promise
+        self.distrust_view = self.view
+        if m.target == self.id:
+            self._start_election()
+
+    # --- straggler detection (paper §4) ---------------------------------------------
+
+    def _straggler_window(self) -> None:
+        asked = self._window_asked + len(self.unready)
+        served = self._window_served
+        self._window_asked = self._window_served = 0
+        self._window_start = self.now
+        if self.id == self.sequencer or self.phase != "normal":
+            self._strikes = 0
+            return
+        if asked >= self.cfg.straggler_min_demand and served * 2 < asked:
+            self._strikes += 1
+        else:
+            self._strikes = 0
+        cooled = self.now - self._last_view_change >= self.cfg.straggler_cooldown_ticks
+        if self._strikes >= self.cfg.straggler_strikes and cooled:
+            self._straggler_votes = {self.id: None}
+            self.broadcast(Straggler(self.view, True))
+
+    @handles(_handlers, Straggler)
+    def _on_straggler(self, src: int, m: Straggler) -> None:
+        if m.view != self.view or self.id == self.sequencer:
+            return
+        if not m.slow:
+            return
+        if self._strikes > 0 and self.id not in self._straggler_votes:
+            self._straggler_votes[self.id] = None
+            self.send(src, Straggler(self.view, True))
+        if self.id in self._straggler_votes:
+            self._straggler_votes[src] = None
+        if len(self._straggler_votes) >= self.quorum and self.distrust_view != self.view:
+            # Stop renewing the slow sequencer's lease; elect once our promise expires.
+            self.distrust_view = self.view
+            self.election_due = max(self.now, self.lease_until) + self.rng.randrange(max(1, self.cfg.election_ticks // 4))
 
     # --- timers ------------------------------------------------------------------------
 
     def _on_tick(self) -> None:
-        now, resend = self.now, self.cfg.resend_ticks
+        now, cfg = self.now, self.cfg
+        resend = cfg.resend_ticks
         # My instances still waiting: resend the C-accept to everyone not yet acked,
         # and the C-request (the sequencer assigns idempotently, so repeats are safe).
-        for inst, c in self.unready.items():
-            if now - c.sent_tick < resend:
-                continue
-            c.sent_tick = now
-            if not c.committed:
-                msg = CAccept(self.view, self.id, inst, c.ballot, c.cmds)
-                for dst in range(self.n):
-                    if dst != self.id and not c.acks >> dst & 1:
-                        self.send(dst, msg)
-            if self.id == self.sequencer:
-                self._assign(self.id, inst)
-            else:
-                self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
+        suspects = 0
+        for peer in range(self.n):
+            if self.suspected(peer):
+                suspects |= 1 << peer
+        if self.id not in self.crec:
+            for inst, c in self.unready.items():
+                if not c.committed and c.sent_to & suspects & ~c.acks:
+                    # A peer we counted on went quiet: go to everyone else now.
+                    c.sent_to = (1 << self.n) - 1
+                    msg = CAccept(self.view, self.id, inst, c.ballot, c.cmds)
+                    for dst in range(self.n):
+                        if dst != self.id and not c.acks >> dst & 1:
+                            self.send(dst, msg)
+                    continue
+                if now - c.sent_tick < resend:
+                    continue
+                c.sent_tick = now
+                if not c.committed:
+                    msg = CAccept(self.view, self.id, inst, c.ballot, c.cmds)
+                    for dst in range(self.n):
+                        if dst != self.id and not c.acks >> dst & 1:
+                            self.send(dst, msg)
+                if self.id == self.sequencer:
+                    self._assign(self.id, inst, self._keys(c.cmds))
+                else:
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
         if self.id == self.sequencer:
-            self._sequencer_tick()
-        # A commit we miss is usually only late; ask after half a resend period.
-        if self._blocked_since >= 0 and now - self._blocked_since >= max(1, resend // 2):
-            self._blocked_since = now
-            self._fetch_missing()
+            if self.phase == "stale":
+                if now >= self.no_vote_until:
+                    self._start_election()
+            elif self.phase == "candidate":
+                if now - self._vote_tick >= cfg.heartbeat_ticks:
+                    self._vote_tick = now
+                    self.broadcast(VRequest(self.view, self.vote_base))
+                if now >= self.election_due:
+                    self._start_election()  # split vote or no majority: next round
+            else:
+                self._sequencer_tick()
+        elif now >= self.election_due and now >= self.no_vote_until and now >= self.lease_until:
+            self._start_election()
+        if self._blocked_on is not None:
+            self._on_blocked_tick()
+        for leader, rec in list(self.crec.items()):
+            if now - rec.started >= resend:
+                del self.crec[leader]  # stuck (lost messages, competing ballots): retry
+                if leader == self.id:
+                    self._start_crecovery(leader, min(self.unready, default=rec.from_inst), max(rec.need, self.next_inst - 1))
+        if self._reads:
+            for rid, (client, seq, op, sent) in list(self._reads.items()):
+                if now - sent >= resend:
+                    del self._reads[rid]
+                    self._read_via_log(client, seq, op)
+        if now - self._window_start >= cfg.straggler_window_ticks:
+            self._straggler_window()
 
     def _sequencer_tick(self) -> None:
         now = self.now
+        if now % self.cfg.heartbeat_ticks == 0:
+            self._ping()
         for dst in range(self.n):
             if dst == self.id:
                 continue
@@ -532,7 +1237,7 @@ class SDPaxosReplica(ReplicaBase):
                 leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
                 self.send(dst, OAccept(self.view, start, leaders))
                 self._oaccept_tick[dst] = now
-            # The committed prefix: lazily when it moved, and as a heartbeat.
+            # The committed prefix, when it moved and as a heartbeat.
             upto = self.o_committed
             if upto > self._commit_sent[dst] or now % self.cfg.heartbeat_ticks == 0:
                 start = min(self.acked[dst], upto)
@@ -542,12 +1247,27 @@ class SDPaxosReplica(ReplicaBase):
                 self.send(dst, OCommit(self.view, upto, start, leaders))
                 self._commit_sent[dst] = upto
 
-    def _fetch_missing(self) -> None:
-        slot = self.oslots.get(self.exec_slot)
-        if slot is None or slot.leader == NOCL:
+    def _on_blocked_tick(self) -> None:
+        leader, inst = self._blocked_on
+        waited = self.now - self._blocked_since
+        if waited > 0 and waited % max(1, self.cfg.resend_ticks // 2) == 0:
+            self._fetch_missing()
+        if leader == self.id or leader in self.crec:
             return
-        leader = slot.leader
-        inst = self.exec_inst[leader]
+        # The next replica after the leader recovers first; others later, in turn.
+        distance = (self.id - leader) % self.n
+        stagger = max(1, self.cfg.heartbeat_ticks) * (distance - 1)
+        if self.suspected(leader):
+            due = max(0, self.heard[leader] + self.cfg.election_ticks + stagger - self._blocked_since)
+        else:
+            due = self.cfg.recovery_ticks * (1 + distance)
+        if waited >= due:
+            self._start_crecovery(leader, inst, inst)
+
+    def _fetch_missing(self) -> None:
+        if self._blocked_on is None:
+            return
+        leader, inst = self._blocked_on
         # Ask the leader first, then rotate through the others.
         peers = [leader] + [p for p in self.cfg.peer_order[self.id] if p != leader]
         peers = [p for p in peers if p != self.id]
@@ -567,12 +1287,10 @@ class SDPaxosReplica(ReplicaBase):
                 break
             self.send(src, CCommit(self.view, m.leader, inst, c.ballot, True, c.cmds))
 
-    # --- views (extended by the fault-tolerance layer) ------------------------------
-
-    def _view_ok(self, src: int, m: Message) -> bool:
-        return m.view >= self.view
-
     # --- observability ------------------------------------------------------------------
+
+    def lease_valid(self) -> bool:
+        return self.id == self.sequencer and self.phase == "normal" and self.now < self.lease_expiry
 
     def status(self) -> dict:
         return {
@@ -580,6 +1298,8 @@ class SDPaxosReplica(ReplicaBase):
             "id": self.id,
             "view": self.view,
             "sequencer": self.sequencer,
+            "phase": self.phase,
+            "lease": self.lease_valid(),
             "next_inst": self.next_inst,
             "unready": len(self.unready),
             "pending": len(self._pending),

@@ -61,8 +61,15 @@ class SimConfig:
     inflight: int = 32
     tick_ms: float = 10.0
     resend_ms: float = 500.0
-    heartbeat_ms: float = 100.0
-    election_ms: float = 500.0
+    # Failure detection and leases as in the paper (500 ms each): a replica that hears
+    # nothing from the sequencer for heartbeat_ms (plus up to half again, randomized)
+    # starts a view change; pings go out every ping_ms and renew lease_ms leases.
+    heartbeat_ms: float = 500.0
+    ping_ms: float = 100.0
+    lease_ms: float = 500.0
+    recovery_ms: float = 500.0
+    straggler_window_ms: float = 500.0
+    straggler_cooldown_ms: float = 10_000.0
     thrifty: bool = True
     jitter: float = 0.0
     jitter_ms_min: float = 0.0
@@ -70,7 +77,7 @@ class SimConfig:
     dup: float = 0.0
     read_fraction: float = 0.0
     keys: int = 8
-    client_timeout_ms: float = 0.0
+    client_timeout_ms: float = 2000.0  # resend to the next replica; 0: never
     # After the load stops, run until quiet (every client answered, every live
     # replica executed the same log) or at most this long.
     drain_seconds: float = 30.0
@@ -124,8 +131,12 @@ class Simulation:
             inflight_max=cfg.inflight,
             thrifty=cfg.thrifty,
             resend_ticks=max(1, round(cfg.resend_ms / tick)),
-            heartbeat_ticks=max(1, round(cfg.heartbeat_ms / tick)),
-            election_ticks=max(2, round(cfg.election_ms / tick)),
+            heartbeat_ticks=max(1, round(cfg.ping_ms / tick)),
+            election_ticks=max(2, round(cfg.heartbeat_ms / tick)),
+            lease_ticks=max(1, round(cfg.lease_ms / tick)),
+            recovery_ticks=max(1, round(cfg.recovery_ms / tick)),
+            straggler_window_ticks=max(1, round(cfg.straggler_window_ms / tick)),
+            straggler_cooldown_ticks=max(1, round(cfg.straggler_cooldown_ms / tick)),
             peer_order=peer_order(self.rtt_ms),
         )
         self.cls = PROTOCOLS[cfg.protocol]
@@ -150,6 +161,10 @@ class Simulation:
         self.stop_us = int(cfg.seconds * 1_000_000)
         self.messages_sent = 0
         self.crashed_at: dict[int, int] = {}
+        self.all_replicas: list = []
+        self._elections_seen = [0] * n
+        self.view_change_times: list[int] = []
+        self.first_fault_us = min((int(f[0] * 1000) for f in cfg.faults), default=None)
         self.busy_until = [0] * n
         self.slowness = [1.0] * n
         for node in range(n):
@@ -175,6 +190,8 @@ class Simulation:
         self.incarnation[node] += 1
         rng = random.Random(self._node_seeds[node] + self.incarnation[node])
         self.nodes[node] = self.cls(node, self.pcfg, KVStateMachine(), records=list(self.disks[node]), rng=rng)
+        self.all_replicas.append(self.nodes[node])
+        self._elections_seen[node] = 0
         log: list = []
         self.exec_logs.append(log)
         self._exec_log_of[node] = log
@@ -194,6 +211,10 @@ class Simulation:
         """Carry out a replica's effects: persist, then send, then reply."""
         replica = self.nodes[node]
         rd = replica.ready()
+        elections = replica.stats.get("elections", 0)
+        if elections != self._elections_seen[node]:
+            self._elections_seen[node] = elections
+            self.view_change_times.append(self.now)
         if rd.persist:
             self.disks[node].extend(rd.persist)
         now = self.now
@@ -322,7 +343,10 @@ class Simulation:
                 if replica is None:
                     continue
                 seq, op, needs = c
-                replica.propose(b, seq, op, needs)
+                if op[0] == "get" and hasattr(replica, "read"):
+                    replica.read(b, seq, op, op[1])
+                else:
+                    replica.propose(b, seq, op, needs)
                 self._drain(a)
             elif kind == _REPLY:
                 h.update(b"R%d,%d,%d," % (t, a, b))
@@ -368,6 +392,72 @@ class Simulation:
 
     # --- results --------------------------------------------------------------------------
 
+    def history_ops(self) -> list:
+        """The client history as jepsen_like ops (KV model: value is ``(key, v)``)."""
+        from jepsen_like.history import Op
+
+        ops = []
+        index = 0
+
+        def add(t, cid, kind, f, value):
+            nonlocal index
+            ops.append(Op(index, t, cid, kind, f, value))
+            index += 1
+
+        # A client's next command starts the instant its last one completes: order
+        # completions (0) before invocations (1) at equal times; unfinished ones last (2).
+        events = []
+        for client in self.clients.values():
+            for t0, t1, op, result, _ok in client.history:
+                events.append((t0, 1, client.cid, op, None))
+                events.append((t1, 0, client.cid, op, result))
+            if client.op is not None:
+                events.append((client.t_send, 1, client.cid, client.op, None))
+                events.append((10**18, 2, client.cid, client.op, None))
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        for t, phase, cid, op, result in events:
+            f = "get" if op[0] == "get" else "put"
+            if phase == 1:
+                add(t, cid, "invoke", f, (op[1], None if f == "get" else op[2]))
+            elif phase == 0:
+                add(t, cid, "ok", f, (op[1], result if f == "get" else op[2]))
+            else:
+                add(self.now, cid, "info", f, (op[1], None if f == "get" else op[2]))
+        return ops
+
+    def linearizable(self, timeout_s: float = 60.0):
+        """True, False or None (checker budget ran out) for the client history."""
+        from jepsen_like.checker import check
+        from jepsen_like.models import KV
+
+        result = check(self.history_ops(), KV(), timeout_s=timeout_s)
+        return result.linearizable
+
+    def stall_ms(self) -> float:
+        """Longest gap between commits at any correct site after the first fault."""
+        if self.first_fault_us is None:
+            return 0.0
+        start = self.first_fault_us
+        worst = 0
+        for node in range(self.n):
+            if self.nodes[node] is None or node in self.crashed_at:
+                continue  # not a correct site
+            times = [t for t in self.commit_times[node] if t >= start]
+            prev = start
+            for t in times:
+                worst = max(worst, t - prev)
+                prev = t
+            if not times:
+                worst = max(worst, min(self.now, self.stop_us) - start)
+        return round(worst / 1000, 1)
+
+    def throughput(self, t0_us: int, t1_us: int) -> float:
+        """Commits per simulated second in [t0, t1)."""
+        if t1_us <= t0_us:
+            return 0.0
+        count = sum(1 for times in self.commit_times for t in times if t0_us <= t < t1_us)
+        return round(count / ((t1_us - t0_us) / 1e6), 1)
+
     @property
     def trace_hash(self) -> str:
         return self._hash.hexdigest()
@@ -396,10 +486,9 @@ class Simulation:
                         applied_twice += 1
                     applied[(cid, seq)] = result
             out.clear()
-        lost = [key for key in self.acked if key not in applied]
-        wrong = [
-            key for key, result in self.client_results.items() if key in applied and result is not None and applied[key] != result
-        ]
+        # Lease reads never enter the log; the linearizability check covers them.
+        lost = [key for key in self.acked if key not in applied and ops.get(key, [""])[0] != "get"]
+        wrong = [key for key, result in self.client_results.items() if key in applied and applied[key] != result]
         return {
             "consistent": consistent,
             "lost_acked": len(lost),
@@ -426,6 +515,12 @@ class Simulation:
                 "exec_p50_ms": pct(self.exec_latency_us[node], 0.5),
             }
         checks = self.check()
+        extra = {}
+        if self.cfg.faults:
+            extra = {
+                "stall_ms": self.stall_ms(),
+                "view_changes": sum(r.stats.get("elections", 0) for r in self.all_replicas),
+            }
         return {
             "protocol": self.cfg.protocol,
             "replicas": self.n,
@@ -437,6 +532,7 @@ class Simulation:
             "lost_acked": checks["lost_acked"],
             "duplicated": checks["duplicated"],
             "wrong_results": checks["wrong_results"],
+            **extra,
             "messages": self.messages_sent,
             "events": self.events,
             "seed": self.cfg.seed,

@@ -23,6 +23,14 @@ SAMPLES = [
     M.MAck(0, 6),
     M.MCommit(0, 6, 5, [None]),
     M.Fetch(0, 1, 4),
+    M.VRequest(33, 10),
+    M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2]),
+    M.Ping(33, 1234),
+    M.Pong(33, 1234),
+    M.RRequest(33, 7, "key"),
+    M.RReply(33, 7, 99),
+    M.Handover(33, 2),
+    M.Straggler(33, True),
 ]
 
 
