@@ -1,0 +1,595 @@
+"""Physical and virtual cell trees, buddy free lists and the counters placement reads.
+
+This module owns the cell-level state of one configured cluster (:class:`Cluster`);
+``machine.py`` owns the groups and commands and is the only caller of the mutators here.
+
+Model (HiveD's, see ``pkg/algorithm`` in microsoft/hivedscheduler):
+
+- A **chain** is the type chain under one top-level physical cell type; all physical
+  cells of that type form the chain's forest. Levels count from 1 (leaf, one device) up.
+- Each VC owns **virtual cells**: for every ``virtualCells`` entry, ``cellNumber``
+  preassigned (root) cells of the given type with their full subtrees; for every pinned
+  cell, one virtual tree statically bound to that physical cell. A VC's non-pinned cells
+  of one chain form a :class:`VScope`; each pinned cell is a scope of its own.
+- **Lazy binding**: a virtual cell is bound to a physical cell (same chain and level)
+  only while some leaf below it is used. Binding a preassigned root takes a physical
+  cell out of the chain's **buddy free lists** (split on demand); unbinding it gives the
+  cell back (merge with free buddies). The free lists therefore always hold exactly the
+  maximal physical cells that no bound root touches.
+- Counters kept incrementally (all are sums over a cell's leaves): virtual ``free``
+  (leaves not used by the VC's guaranteed groups); physical ``used``, ``opp`` (used by
+  opportunistic groups, the free-list ordering key), ``bad`` (on bad nodes) and
+  ``oavail`` (unused, healthy, outside pinned cells: what opportunistic groups may take).
+- Sorted key indexes (:class:`KeyIndex`) over roots and node cells make placement
+  choices ``min`` over canonical keys ``(count, id)``; ids are assigned in config order,
+  so every decision depends on the logical state only, never on history or hashing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import TYPE_CHECKING, Any
+
+from scheduler_state.config import ChainInfo, Config, PhysicalSpec
+
+if TYPE_CHECKING:
+    from scheduler_state.machine import Group
+
+FREE_PRIORITY = -2  # HiveD's freePriority: below every real priority
+OPPORTUNISTIC_PRIORITY = -1
+MAX_GUARANTEED_PRIORITY = 1000
+
+
+class KeyIndex:
+    """A sorted list of ``(count, id)`` keys; ids resolve through the owner's cell list."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+
+    def add(self, key: tuple[int, int]) -> None:
+        insort(self.keys, key)
+
+    def remove(self, key: tuple[int, int]) -> None:
+        keys = self.keys
+        i = bisect_left(keys, key)
+        if i == len(keys) or keys[i] != key:
+            raise AssertionError(f"key {key} missing from index")
+        del keys[i]
+
+    def first_at_least(self, count: int) -> int:
+        """Position of the first key whose count is >= ``count``."""
+        return bisect_left(self.keys, (count, -1))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class PCell:
+    __slots__ = (
+        "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
+        "pinned_id", "in_pinned", "nodeish", "leaves",
+        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio",
+    )
+
+    def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
+                 node: str | None, in_pinned: bool) -> None:
+        self.id = cid
+        self.chain = chain
+        self.level = level
+        self.ctype = spec.cell_type
+        self.addr = spec.path
+        self.name = spec.address
+        self.parent = parent
+        self.children: list[PCell] = []
+        self.node = node
+        self.leaf_index = int(spec.address) if level == 1 else -1
+        self.pinned_id = spec.pinned_id
+        self.in_pinned = in_pinned or spec.pinned_id is not None
+        self.nodeish = level == chain.info.node_level
+        self.leaves = chain.info.leaves_per_level[level - 1]
+        self.vcell: VCell | None = None
+        self.in_free = False
+        self.fkey: tuple[int, int] | None = None
+        self.used = 0
+        self.opp = 0
+        self.bad = 0
+        self.oavail = 0 if self.in_pinned else self.leaves
+        self.ikey: tuple[int, int] | None = None
+        self.user: Group | None = None
+        self.prio = FREE_PRIORITY
+
+    def __repr__(self) -> str:
+        return f"PCell({self.addr} {self.ctype})"
+
+
+class VCell:
+    __slots__ = (
+        "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
+        "pcell", "free", "ikey", "user", "prio",
+    )
+
+    def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
+        self.id = cid
+        self.vc = scope.vc
+        self.scope = scope
+        self.level = level
+        self.ctype = ctype
+        self.addr = addr
+        self.parent = parent
+        self.children: list[VCell] = []
+        self.root: VCell = parent.root if parent is not None else self
+        info = scope.chain.info
+        # A "node" for placement: a node-level cell, or a preassigned cell below the node
+        # level (HiveD's cluster view treats such a cell as one node: its leaves are on
+        # one physical node, but two such cells may be on different nodes).
+        self.nodeish = level == info.node_level or (parent is None and level < info.node_level)
+        self.leaves = info.leaves_per_level[level - 1]
+        self.pcell: PCell | None = None
+        self.free = self.leaves
+        self.ikey: tuple[int, int] | None = None
+        self.user: Group | None = None
+        self.prio = FREE_PRIORITY
+
+    def __repr__(self) -> str:
+        return f"VCell({self.addr} {self.ctype})"
+
+
+class PChain:
+    """Physical cells of one chain: top cells, buddy free lists, opportunistic indexes."""
+
+    __slots__ = ("info", "tops", "nodes", "free", "root_index", "node_index", "index", "demand")
+
+    def __init__(self, info: ChainInfo, index: int) -> None:
+        self.info = info
+        self.index = index  # position in config order, for deterministic chain iteration
+        self.tops: list[PCell] = []
+        self.nodes: list[PCell] = []
+        self.free: list[KeyIndex] = [KeyIndex() for _ in range(info.top_level + 1)]  # [0] unused
+        self.root_index = KeyIndex()  # tops by (oavail, id)
+        self.node_index = KeyIndex()  # nodes by (oavail, id)
+        # Unbound non-pinned preassigned cells of all VCs, per level (HiveD's
+        # allVCFreeCellNum): what the free lists must always be able to serve.
+        self.demand = [0] * (info.top_level + 1)
+
+
+class VScope:
+    """A VC's virtual cells in one chain (non-pinned), or one pinned cell."""
+
+    __slots__ = ("vc", "chain", "pinned_id", "roots", "nodes", "root_index", "node_index", "leaves", "free", "key",
+                 "node_leaves_max")
+
+    def __init__(self, vc: str, chain: PChain, pinned_id: str | None) -> None:
+        self.vc = vc
+        self.chain = chain
+        self.pinned_id = pinned_id
+        self.roots: list[VCell] = []
+        self.nodes: list[VCell] = []
+        self.root_index = KeyIndex()  # roots by (free, id)
+        self.node_index = KeyIndex()  # node cells by (free, id)
+        self.leaves = 0
+        self.free = 0  # free leaves over all roots
+        self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
+        self.node_leaves_max = 0
+
+    def max_node_leaves(self) -> int:
+        return self.node_leaves_max
+
+
+class Cluster:
+    """All cells of one config, with free lists and bindings. Built fresh from a Config."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.pcells: list[PCell] = []
+        self.vcells: list[VCell] = []
+        self.chains: dict[str, PChain] = {}
+        self.leaf_by_device: dict[tuple[str, int], PCell] = {}
+        self.node_leaves: dict[str, list[PCell]] = {}
+        self.pinned_cells: dict[str, PCell] = {}
+        self.vc_scopes: dict[str, dict[str, VScope]] = {}  # vc -> chain -> scope
+        self.vc_pinned: dict[str, dict[str, VScope]] = {}  # vc -> pinned id -> scope
+        self.chains_by_leaf_type: dict[str, list[PChain]] = {}
+        self.bad_nodes: set[str] = set()  # membership only; sorted whenever listed
+        for i, (name, info) in enumerate(config.chains.items()):
+            self.chains[name] = PChain(info, i)
+            self.chains_by_leaf_type.setdefault(info.leaf_type, []).append(self.chains[name])
+        for spec in config.physical_cells:
+            chain = self.chains[spec.cell_type]
+            top = self._build_physical(spec, chain, chain.info.top_level, None, None, False)
+            chain.tops.append(top)
+        for chain in self.chains.values():
+            for top in chain.tops:
+                self._free_add(top)
+                top.ikey = (top.oavail, top.id)
+                chain.root_index.add(top.ikey)
+            for n in chain.nodes:
+                n.ikey = (n.oavail, n.id)
+                chain.node_index.add(n.ikey)
+        for vc in config.virtual_clusters.values():
+            scopes: dict[str, VScope] = {}
+            pinned: dict[str, VScope] = {}
+            self.vc_scopes[vc.name] = scopes
+            self.vc_pinned[vc.name] = pinned
+            n = 0
+            for vspec in vc.virtual_cells:
+                chain = self.chains[vspec.chain]
+                scope = scopes.get(chain.info.name)
+                if scope is None:
+                    scope = scopes[chain.info.name] = VScope(vc.name, chain, None)
+                level = chain.info.level_of(vspec.cell_type)
+                assert level is not None
+                for _ in range(vspec.number):
+                    self._build_virtual(scope, level, f"{vc.name}/{n}", None)
+                    chain.demand[level] += 1
+                    n += 1
+            for pid in vc.pinned_ids:
+                p = self.pinned_cells[pid]
+                scope = pinned[pid] = VScope(vc.name, p.chain, pid)
+                root = self._build_virtual(scope, p.level, f"{vc.name}/{n}", None)
+                n += 1
+                # Pinned cells are bound statically (HiveD's initPinnedCells).
+                self.take_from_free(p)
+                root.pcell = p
+                p.vcell = root
+            for scope in list(scopes.values()) + list(pinned.values()):
+                scope.node_leaves_max = max((c.leaves for c in scope.nodes), default=0)
+                for r in scope.roots:
+                    r.ikey = (r.free, r.id)
+                    scope.root_index.add(r.ikey)
+                for c in scope.nodes:
+                    if c.parent is not None:  # roots below node level are indexed as roots
+                        c.ikey = (c.free, c.id)
+                    scope.node_index.add(c.ikey)  # type: ignore[arg-type]
+
+    # -- construction -------------------------------------------------------------
+
+    def _build_physical(self, spec: PhysicalSpec, chain: PChain, level: int, parent: PCell | None,
+                        node: str | None, in_pinned: bool) -> PCell:
+        if level == chain.info.node_level:
+            node = spec.address
+        c = PCell(len(self.pcells), chain, level, spec, parent, node, in_pinned)
+        self.pcells.append(c)
+        if c.pinned_id is not None:
+            self.pinned_cells[c.pinned_id] = c
+        if c.nodeish:
+            chain.nodes.append(c)
+        if level == 1:
+            assert node is not None
+            self.leaf_by_device[(node, c.leaf_index)] = c
+            self.node_leaves.setdefault(node, []).append(c)
+        c.children = [self._build_physical(s, chain, level - 1, c, node, c.in_pinned) for s in spec.children]
+        if c.children:
+            c.oavail = sum(ch.oavail for ch in c.children)  # pinned leaves below are not available
+        return c
+
+    def _build_virtual(self, scope: VScope, level: int, addr: str, parent: VCell | None) -> VCell:
+        info = scope.chain.info
+        c = VCell(len(self.vcells), scope, level, info.types[level - 1], addr, parent)
+        self.vcells.append(c)
+        if parent is None:
+            scope.roots.append(c)
+            scope.leaves += c.leaves
+            scope.free += c.leaves
+        if c.nodeish:
+            scope.nodes.append(c)
+        if level > 1:
+            c.children = [
+                self._build_virtual(scope, level - 1, f"{addr}/{i}", c) for i in range(info.child_numbers[level - 1])
+            ]
+        return c
+
+    # -- buddy free lists ----------------------------------------------------------
+
+    def _free_add(self, c: PCell) -> None:
+        c.in_free = True
+        c.fkey = (c.opp, c.id)
+        c.chain.free[c.level].add(c.fkey)
+
+    def _free_remove(self, c: PCell) -> None:
+        assert c.fkey is not None
+        c.chain.free[c.level].remove(c.fkey)
+        c.in_free = False
+        c.fkey = None
+
+    def free_rekey(self, c: PCell) -> None:
+        """The ordering key of a free cell changed (its opportunistic usage)."""
+        if c.fkey != (c.opp, c.id):
+            self._free_remove(c)
+            self._free_add(c)
+
+    def take_from_free(self, p: PCell) -> None:
+        """Remove ``p`` from the free lists, splitting the free ancestor that holds it."""
+        path = [p]
+        a = p
+        while not a.in_free:
+            a = a.parent  # type: ignore[assignment]
+            if a is None:
+                raise AssertionError(f"{p.addr} is not free: cannot bind it")
+            path.append(a)
+        self._free_remove(a)
+        # Split down: the buddies along the path become free cells one level lower.
+        for i in range(len(path) - 1, 0, -1):
+            parent, child = path[i], path[i - 1]
+            for sib in parent.children:
+                if sib is not child:
+                    self._free_add(sib)
+
+    def give_to_free(self, p: PCell) -> None:
+        """Return ``p`` to the free lists, merging it with free buddies recursively."""
+        c = p
+        while True:
+            parent = c.parent
+            if parent is None or any(not s.in_free for s in parent.children if s is not c):
+                self._free_add(c)
+                return
+            for s in parent.children:
+                if s is not c:
+                    self._free_remove(s)
+            c = parent
+
+    def free_ancestor(self, p: PCell) -> PCell | None:
+        a: PCell | None = p
+        while a is not None and not a.in_free:
+            a = a.parent
+        return a
+
+
+    # -- bindings and leaf usage (the only code that changes counters) ----------------
+
+    def bind(self, v: VCell, p: PCell) -> None:
+        """Bind a virtual leaf to a physical leaf, and ancestors in lockstep as needed."""
+        while v.pcell is None:
+            v.pcell = p
+            p.vcell = v
+            if v.parent is None:
+                self.take_from_free(p)
+                p.chain.demand[v.level] -= 1
+                return
+            v = v.parent
+            p = p.parent  # type: ignore[assignment]
+        if v.pcell is not p:
+            raise AssertionError(f"{v.addr} is bound to {v.pcell.addr}, not {p.addr}")
+
+    def unbind(self, v: VCell) -> None:
+        """Unbind a virtual leaf, and ancestors that no longer have bound children."""
+        if v.parent is None and v.scope.pinned_id is not None:
+            return  # a pinned cell stays bound
+        while True:
+            p = v.pcell
+            assert p is not None
+            v.pcell = None
+            p.vcell = None
+            parent = v.parent
+            if parent is None:
+                self.give_to_free(p)
+                p.chain.demand[v.level] += 1
+                return
+            if parent.parent is None and parent.scope.pinned_id is not None:
+                return
+            for ch in parent.children:
+                if ch.pcell is not None:
+                    return
+            v = parent
+
+    def use_leaf(self, g: Group, p: PCell, prio: int, v: VCell | None, t: Touched) -> None:
+        """Give leaf ``p`` (and virtual leaf ``v``, already bound to it) to group ``g``."""
+        if v is not None:
+            v.user = g
+            v.prio = prio
+            c: VCell | None = v
+            while c is not None:
+                c.free -= 1
+                if c.parent is None:
+                    c.scope.free -= 1
+                    t.v[c] = None
+                elif c.nodeish:
+                    t.v[c] = None
+                c = c.parent
+        p.user = g
+        p.prio = prio
+        opp = prio == OPPORTUNISTIC_PRIORITY
+        avail = p.bad == 0 and not p.in_pinned
+        q: PCell | None = p
+        while q is not None:
+            q.used += 1
+            if opp:
+                q.opp += 1
+                if q.in_free:
+                    t.f[q] = None
+            if avail:
+                q.oavail -= 1
+                if q.nodeish or q.parent is None:
+                    t.p[q] = None
+            q = q.parent
+
+    def unuse_leaf(self, p: PCell, v: VCell | None, t: Touched) -> None:
+        """Take leaf ``p`` (and its virtual leaf ``v``, then unbound) from its group."""
+        if v is not None:
+            v.user = None
+            v.prio = FREE_PRIORITY
+            c: VCell | None = v
+            while c is not None:
+                c.free += 1
+                if c.parent is None:
+                    c.scope.free += 1
+                    t.v[c] = None
+                elif c.nodeish:
+                    t.v[c] = None
+                c = c.parent
+            self.unbind(v)
+        opp = p.prio == OPPORTUNISTIC_PRIORITY
+        p.user = None
+        p.prio = FREE_PRIORITY
+        avail = p.bad == 0 and not p.in_pinned
+        q: PCell | None = p
+        while q is not None:
+            q.used -= 1
+            if opp:
+                q.opp -= 1
+                if q.in_free:
+                    t.f[q] = None
+            if avail:
+                q.oavail += 1
+                if q.nodeish or q.parent is None:
+                    t.p[q] = None
+            q = q.parent
+
+    def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
+        """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user
+        and gives its virtual leaf back to the VC."""
+        v.user = None
+        v.prio = FREE_PRIORITY
+        c: VCell | None = v
+        while c is not None:
+            c.free += 1
+            if c.parent is None:
+                c.scope.free += 1
+                t.v[c] = None
+            elif c.nodeish:
+                t.v[c] = None
+            c = c.parent
+        self.unbind(v)
+        p.prio = OPPORTUNISTIC_PRIORITY
+        q: PCell | None = p
+        while q is not None:
+            q.opp += 1
+            if q.in_free:
+                t.f[q] = None
+            q = q.parent
+
+    def promote_leaf(self, g: Group, p: PCell, v: VCell, prio: int, t: Touched) -> None:
+        """Undo ``demote_leaf`` (a lazy preemption that turned out not to help)."""
+        q: PCell | None = p
+        while q is not None:
+            q.opp -= 1
+            if q.in_free:
+                t.f[q] = None
+            q = q.parent
+        p.prio = prio
+        self.bind(v, p)
+        v.user = g
+        v.prio = prio
+        c: VCell | None = v
+        while c is not None:
+            c.free -= 1
+            if c.parent is None:
+                c.scope.free -= 1
+                t.v[c] = None
+            elif c.nodeish:
+                t.v[c] = None
+            c = c.parent
+
+    def set_node_bad(self, node: str, bad: bool, t: Touched) -> None:
+        d = 1 if bad else -1
+        for p in self.node_leaves[node]:
+            avail = p.user is None and not p.in_pinned
+            q: PCell | None = p
+            while q is not None:
+                q.bad += d
+                if avail:
+                    q.oavail -= d
+                    if q.nodeish or q.parent is None:
+                        t.p[q] = None
+                q = q.parent
+        if bad:
+            self.bad_nodes.add(node)
+        else:
+            self.bad_nodes.discard(node)
+
+    def reindex(self, t: Touched) -> None:
+        for v in t.v:
+            key = (v.free, v.id)
+            old = v.ikey
+            if key != old:
+                assert old is not None
+                scope = v.scope
+                if v.parent is None:
+                    scope.root_index.remove(old)
+                    scope.root_index.add(key)
+                if v.nodeish:
+                    scope.node_index.remove(old)
+                    scope.node_index.add(key)
+                v.ikey = key
+        for p in t.p:
+            key = (p.oavail, p.id)
+            old = p.ikey
+            if key != old:
+                assert old is not None
+                chain = p.chain
+                if p.parent is None:
+                    chain.root_index.remove(old)
+                    chain.root_index.add(key)
+                if p.nodeish:
+                    chain.node_index.remove(old)
+                    chain.node_index.add(key)
+                p.ikey = key
+        for p in t.f:
+            if p.in_free:
+                self.free_rekey(p)
+
+    # -- queries used by placement and invariants ------------------------------------
+
+    def scopes_of(self, vc: str) -> list[VScope]:
+        return list(self.vc_scopes[vc].values()) + list(self.vc_pinned[vc].values())
+
+    def nodes_of(self, p: PCell) -> list[str]:
+        """K8s node names under a physical cell (one name at or below the node level)."""
+        if p.node is not None:
+            return [p.node]
+        out: list[str] = []
+        stack = [p]
+        while stack:
+            c = stack.pop()
+            if c.nodeish:
+                out.append(c.node)  # type: ignore[arg-type]
+            else:
+                stack.extend(c.children)
+        return out
+
+    def status_of_chain(self, chain: PChain) -> dict[str, Any]:
+        info = chain.info
+        used = sum(t.used for t in chain.tops)
+        opp = sum(t.opp for t in chain.tops)
+        bad = sum(t.bad for t in chain.tops)
+        leaves = sum(t.leaves for t in chain.tops)
+        return {
+            "leaf_cell_type": info.leaf_type,
+            "leaf_cells": leaves,
+            "used_leaf_cells": used,
+            "guaranteed_leaf_cells": used - opp,
+            "opportunistic_leaf_cells": opp,
+            "bad_leaf_cells": bad,
+            "free_cells": {info.types[lvl - 1]: len(chain.free[lvl]) for lvl in range(info.top_level, 0, -1)},
+        }
+
+
+class Touched:
+    """Cells whose index keys may be stale after a batch of leaf updates."""
+
+    __slots__ = ("v", "p", "f")
+
+    def __init__(self) -> None:
+        self.v: dict[VCell, None] = {}  # virtual roots / nodes (free count)
+        self.p: dict[PCell, None] = {}  # physical tops / nodes (oavail)
+        self.f: dict[PCell, None] = {}  # free-list cells (opportunistic count)
+
+
+def safety_shortfall(chain: PChain, demand: list[int]) -> str | None:
+    """Check that the free lists can serve every unbound preassigned cell at once.
+
+    ``demand[level]`` counts unbound non-pinned roots at that level over all VCs. Walks
+    top-down like the config check: free cells at a level serve that level's demand, the
+    rest split into children for the level below. Returns None or a description.
+    """
+    info = chain.info
+    available = 0
+    for lvl in range(info.top_level, 0, -1):
+        available += len(chain.free[lvl])
+        if demand[lvl] > available:
+            return (f"chain {info.name}: {demand[lvl]} unbound {info.types[lvl - 1]} VC cells "
+                    f"but only {available} obtainable from the free lists")
+        if lvl > 1:
+            available = (available - demand[lvl]) * info.child_numbers[lvl - 1]
+    return None

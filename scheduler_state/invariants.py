@@ -1,0 +1,237 @@
+"""Invariants of a ``SchedulerStateMachine``, recomputed from scratch.
+
+``check(machine) -> list[str]``: an empty list means every invariant holds; otherwise each
+string names one violation. It never changes the machine and is meant to run after every
+step of randomized tests and on every replica of a replicated run (``jepsen_like`` calls
+it on the state each replica restores from its snapshot).
+
+Checked:
+
+1. **No leaf held twice**: every physical leaf is in at most one group's placement, and
+   its ``user`` field agrees; pods of one group never share a leaf either.
+2. **Guaranteed groups stay in their VC**: each leaf of a guaranteed group is bound to a
+   virtual leaf of the group's VC (and of its pinned cell, if it named one), used by that
+   group at its priority; bindings are mutual and follow the trees (a bound virtual
+   cell's parent is bound to the physical cell's parent, same level and type).
+3. **Quota**: per VC and scope, guaranteed leaves in use never exceed the scope's quota;
+   only the VC's own preassigned cells are bound on its behalf.
+4. **Buddy accounting**: the free lists hold exactly the maximal physical cells that no
+   bound preassigned cell touches; their keys and every counter (free, used,
+   opportunistic, bad, available) and index match a recount from the leaves.
+5. **VC safety**: the free lists can serve all unbound preassigned cells at once, so no
+   VC's guaranteed requests can be blocked by others (checked per chain and level).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scheduler_state.cells import FREE_PRIORITY, OPPORTUNISTIC_PRIORITY, PCell, VCell, safety_shortfall
+
+if TYPE_CHECKING:
+    from scheduler_state.machine import SchedulerStateMachine
+
+ERRORS_MAX = 50  # enough to diagnose; a broken state would otherwise list thousands
+
+
+def check(machine: SchedulerStateMachine) -> list[str]:
+    out: list[str] = []
+    try:
+        _check(machine, out)
+    except _Enough:
+        pass
+    return out
+
+
+class _Enough(Exception):
+    pass
+
+
+def _err(out: list[str], msg: str) -> None:
+    out.append(msg)
+    if len(out) >= ERRORS_MAX:
+        raise _Enough
+
+
+def _check(m: SchedulerStateMachine, out: list[str]) -> None:
+    cl = m.cluster
+    # 1 + 2: placements.
+    holder: dict[int, str] = {}
+    vholder: dict[int, str] = {}
+    for name in sorted(m.groups):
+        g = m.groups[name]
+        if g.name != name:
+            _err(out, f"group registered as {name} is named {g.name}")
+        for pi, pod in enumerate(g.pods):
+            if len(pod.pleaves) != len(pod.devices):
+                _err(out, f"group {name} pod {pi}: {len(pod.pleaves)} cells for {len(pod.devices)} devices")
+            if pod.vleaves is not None and len(pod.vleaves) != len(pod.pleaves):
+                _err(out, f"group {name} pod {pi}: virtual and physical placements differ in length")
+            nodes = {node for node, _, _ in pod.devices}
+            if len(nodes) > 1:
+                _err(out, f"group {name} pod {pi} spans nodes {sorted(nodes)}")
+            for i, p in enumerate(pod.pleaves):
+                if p is None:
+                    continue
+                node, idx, _ = pod.devices[i]
+                if p.level != 1 or p.node != node or p.leaf_index != idx:
+                    _err(out, f"group {name} pod {pi}: cell {p.addr} is not device {node}/{idx}")
+                if p.id in holder:
+                    _err(out, f"leaf {p.addr} held by both {holder[p.id]} and {name}")
+                holder[p.id] = name
+                if p.user is not g:
+                    _err(out, f"leaf {p.addr} is in {name}'s placement but its user is {p.user!r}")
+                if p.prio != g.cell_priority:
+                    _err(out, f"leaf {p.addr} has priority {p.prio}, group {name} {g.cell_priority}")
+                v = pod.vleaves[i] if pod.vleaves is not None else None
+                if g.opportunistic:
+                    if v is not None:
+                        _err(out, f"opportunistic group {name} holds virtual leaf {v.addr}")
+                    if p.vcell is not None:
+                        _err(out, f"leaf {p.addr} of opportunistic group {name} is bound to {p.vcell.addr}")
+                    continue
+                if v is None:
+                    _err(out, f"guaranteed group {name} holds {p.addr} without a virtual cell")
+                    continue
+                if v.vc != g.req.vc:
+                    _err(out, f"group {name} of VC {g.req.vc} uses virtual cell {v.addr} of VC {v.vc}")
+                if (v.scope.pinned_id or None) != (g.req.pinned_id or None):
+                    _err(out, f"group {name} (pinned {g.req.pinned_id}) uses {v.addr} of scope {v.scope.key}")
+                if v.pcell is not p or p.vcell is not v:
+                    _err(out, f"group {name}: {v.addr} and {p.addr} are not bound to each other")
+                if v.user is not g or v.prio != g.priority:
+                    _err(out, f"virtual leaf {v.addr} user/priority disagree with group {name}")
+                if v.id in vholder:
+                    _err(out, f"virtual leaf {v.addr} held by both {vholder[v.id]} and {name}")
+                vholder[v.id] = name
+    for p in cl.pcells:
+        if p.level == 1 and p.user is not None and p.id not in holder:
+            _err(out, f"leaf {p.addr} has user {p.user.name} but is in no group's placement")
+        if p.level == 1 and p.user is None and p.prio != FREE_PRIORITY:
+            _err(out, f"free leaf {p.addr} has priority {p.prio}")
+    for v in cl.vcells:
+        if v.level == 1 and v.user is not None and v.id not in vholder:
+            _err(out, f"virtual leaf {v.addr} has user {v.user.name} but is in no placement")
+    # 2: bindings follow the trees; 3: quota.
+    for v in cl.vcells:
+        p = v.pcell
+        if p is None:
+            continue
+        if p.vcell is not v:
+            _err(out, f"{v.addr} -> {p.addr} but {p.addr} -> {p.vcell!r}")
+        if p.level != v.level or p.ctype != v.ctype or p.chain is not v.scope.chain:
+            _err(out, f"{v.addr} ({v.ctype}) bound to {p.addr} ({p.ctype}) of another level or chain")
+        if v.parent is not None and (v.parent.pcell is None or v.parent.pcell is not p.parent):
+            _err(out, f"{v.addr} bound to {p.addr} but its parent is not bound to {p.addr}'s parent")
+        pinned_root = v.parent is None and v.scope.pinned_id is not None
+        if not pinned_root and v.free == v.leaves:
+            _err(out, f"{v.addr} is bound to {p.addr} with no used leaf below it")
+        if pinned_root and cl.pinned_cells.get(v.scope.pinned_id) is not p:  # type: ignore[arg-type]
+            _err(out, f"pinned cell {v.scope.pinned_id} bound to {p.addr}")
+    for p in cl.pcells:
+        if p.vcell is not None and p.vcell.pcell is not p:
+            _err(out, f"{p.addr} -> {p.vcell.addr} is not mutual")
+    for vc in sorted(cl.vc_scopes):
+        for scope in cl.scopes_of(vc):
+            used = sum(r.leaves - r.free for r in scope.roots)
+            if used > scope.leaves:
+                _err(out, f"VC {vc} scope {scope.key} uses {used} leaves over its quota {scope.leaves}")
+            if scope.free != scope.leaves - used:
+                _err(out, f"scope {scope.key}: free counter {scope.free}, recount {scope.leaves - used}")
+    # 4: counters, indexes and free lists.
+    _check_counters(m, out)
+    for name, chain in cl.chains.items():
+        expect: list[PCell] = []
+        for top in chain.tops:
+            _maximal_free(top, expect)
+        want = sorted((c.level, c.id) for c in expect)
+        have = sorted((lvl, key[1]) for lvl in range(1, chain.info.top_level + 1) for key in chain.free[lvl].keys)
+        if want != have:
+            _err(out, f"chain {name}: free lists {have[:8]}... differ from maximal unbound cells {want[:8]}...")
+        for lvl in range(1, chain.info.top_level + 1):
+            keys = chain.free[lvl].keys
+            if keys != sorted(keys):
+                _err(out, f"chain {name}: free list at level {lvl} is not sorted")
+            for key in keys:
+                c = cl.pcells[key[1]]
+                if not c.in_free or c.fkey != key or key[0] != c.opp or c.level != lvl:
+                    _err(out, f"chain {name}: free-list entry {key} disagrees with cell {c.addr}")
+        demand = [0] * (chain.info.top_level + 1)
+        for vc in cl.vc_scopes:
+            scope = cl.vc_scopes[vc].get(name)
+            if scope is not None:
+                for r in scope.roots:
+                    if r.pcell is None:
+                        demand[r.level] += 1
+        if demand != chain.demand:
+            _err(out, f"chain {name}: unbound preassigned cells {demand[1:]}, counter says {chain.demand[1:]}")
+        # 5: VC safety.
+        short = safety_shortfall(chain, demand)
+        if short is not None:
+            _err(out, f"VC safety broken: {short}")
+
+
+def _maximal_free(top: PCell, out: list[PCell]) -> None:
+    """Collect the maximal cells under ``top`` that no bound preassigned cell touches."""
+    holds: dict[int, bool] = {}
+
+    def has_root(c: PCell) -> bool:
+        r = c.vcell is not None and c.vcell.parent is None
+        for ch in c.children:
+            r = has_root(ch) or r
+        holds[c.id] = r
+        return r
+
+    def collect(c: PCell) -> None:
+        if c.vcell is not None and c.vcell.parent is None:
+            return  # a bound preassigned cell: reserved whole
+        if not holds[c.id]:
+            out.append(c)
+            return
+        for ch in c.children:
+            collect(ch)
+
+    has_root(top)
+    collect(top)
+
+
+def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
+    cl = m.cluster
+
+    def prec(c: PCell) -> tuple[int, int, int, int]:
+        if c.level == 1:
+            used = 1 if c.user is not None else 0
+            opp = 1 if used and c.prio == OPPORTUNISTIC_PRIORITY else 0
+            bad = 1 if c.node in cl.bad_nodes else 0
+            avail = 1 if not used and not bad and not c.in_pinned else 0
+            r = (used, opp, bad, avail)
+        else:
+            sums = [prec(ch) for ch in c.children]
+            r = tuple(sum(x[i] for x in sums) for i in range(4))  # type: ignore[assignment]
+        if (c.used, c.opp, c.bad, c.oavail) != r:
+            _err(out, f"{c.addr}: counters (used, opp, bad, avail) {(c.used, c.opp, c.bad, c.oavail)}, recount {r}")
+        return r
+
+    def vrec(c: VCell) -> int:
+        free = (1 if c.user is None else 0) if c.level == 1 else sum(vrec(ch) for ch in c.children)
+        if c.free != free:
+            _err(out, f"{c.addr}: free counter {c.free}, recount {free}")
+        return free
+
+    for chain in cl.chains.values():
+        for top in chain.tops:
+            prec(top)
+        want = sorted((c.oavail, c.id) for c in chain.tops)
+        if chain.root_index.keys != want:
+            _err(out, f"chain {chain.info.name}: top-cell index out of date")
+        want = sorted((c.oavail, c.id) for c in chain.nodes)
+        if chain.node_index.keys != want:
+            _err(out, f"chain {chain.info.name}: node index out of date")
+    for vc in sorted(cl.vc_scopes):
+        for scope in cl.scopes_of(vc):
+            for r in scope.roots:
+                vrec(r)
+            if scope.root_index.keys != sorted((r.free, r.id) for r in scope.roots):
+                _err(out, f"scope {scope.key}: root index out of date")
+            if scope.node_index.keys != sorted((n.free, n.id) for n in scope.nodes):
+                _err(out, f"scope {scope.key}: node index out of date")

@@ -1,0 +1,959 @@
+"""``SchedulerStateMachine``: HiveD's scheduler as a deterministic replicated state machine.
+
+It implements ``consensus.core.statemachine.StateMachine``: ``apply(command) -> result``,
+``snapshot() -> bytes``, ``restore(bytes)``. Build it from a config with
+``SchedulerStateMachine(load_config(...))`` or ``SchedulerStateMachine.from_yaml(text)``.
+
+Commands are plain dicts with an ``op``; results are dicts with ``ok``. A bad command
+returns ``{"ok": False, "error": "..."}`` naming the problem and changes nothing.
+
+Mutating commands:
+
+- ``{"op": "allocate", "group": SPEC, "suggestedNodes": [...]?, "wait": true?,
+  "now_ms": int?, "ttl_ms": int?}``: place one affinity group, all or nothing (a gang;
+  a job made of several groups is scheduled incrementally, one command per group).
+  ``SPEC`` is HiveD's pod scheduling spec (see ``requests.py``). Success:
+  ``{"ok": True, "group", "state": "allocated", "chain", "placement": [{"leaf_cell_number",
+  "node", "leaf_cells"}...], "preempted": [...], "lazy_preempted": [...], "scheduled": [...]}``.
+  If the cells are not available now (quota in use, bad nodes, suggested nodes) the result
+  is ``{"ok": False, "waiting": True, "queued": bool, "reason"}`` and, unless ``wait`` is
+  false, the group joins the pending queue (HiveD's persistent Pending state): it is
+  retried in FIFO order after every command that can free cells (release, preemption,
+  node healthy, lease expiry, reconfigure) and those results list it under ``scheduled``.
+  ``now_ms``/``ttl_ms`` grant a lease at once.
+- ``{"op": "release", "group": name, "pods": [i, ...]?}``: delete a group (or cancel a
+  pending one). With ``pods``, only those pods end: their cells are freed at once, or,
+  with ``gangReleaseEnable``, only when the last pod ends.
+- ``{"op": "set_node_health", "node": name, "healthy": bool}``: cells on bad nodes are
+  never given to new groups; groups already there keep them (as in HiveD).
+- ``{"op": "reconfigure", "config": yaml text or mapping}``: work-preserving
+  reconfiguration. Running groups keep their cells; cells no longer in the config are
+  ignored (the group keeps running, untracked); a guaranteed group that no longer fits
+  its VC (VC deleted, quota shrunk) is lazily preempted: it keeps running as an
+  opportunistic group. Bad nodes, leases and the pending queue carry over.
+- ``{"op": "lease_grant" | "lease_renew", "group", "now_ms", "ttl_ms"}`` and
+  ``{"op": "lease_expire", "now_ms"}``: leases on groups (allocated or pending). Time is
+  only what commands carry; the machine keeps the largest ``now_ms`` seen and never
+  moves backwards. Expiry releases (or cancels) every group whose lease ended.
+
+Read-only queries: ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
+``{"op": "group_status", "group"}``, ``{"op": "list_groups"}``.
+
+Priorities and preemption (HiveD's): priority >= 0 is guaranteed and stays inside its
+VC's cells; -1 is opportunistic and may use any free healthy cell outside pinned cells.
+A guaranteed group may take cells of lower-priority groups of its own VC (intra-VC
+preemption) and physical cells of opportunistic groups of any VC (inter-VC). A victim
+with ``lazyPreemptionEnable`` is first only demoted to opportunistic, keeping its cells;
+it is preempted for real only if the preemptor's physical cells land on them.
+Preemption is atomic here: victims lose all their cells within the same command (HiveD
+waits for the victims' pods to be deleted; a replicated log has no such gap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from scheduler_state.cells import (
+    OPPORTUNISTIC_PRIORITY,
+    Cluster,
+    PCell,
+    PChain,
+    Touched,
+    VCell,
+    VScope,
+    safety_shortfall,
+)
+from scheduler_state.config import Config, ConfigError, load_config
+from scheduler_state.placement import (
+    MapPlan,
+    counted_roots,
+    indexed_roots,
+    physical_placer,
+    virtual_free_placer,
+    virtual_preempt_placer,
+)
+from scheduler_state.requests import Request, RequestError, parse_request, request_from_record
+
+SNAPSHOT_FORMAT = 1
+PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
+TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64
+
+
+class CommandError(ValueError):
+    """A malformed command: reported as an error result, state unchanged."""
+
+
+class Pod:
+    """One pod of a group: its devices (bind info) and the cells tracking them.
+
+    ``devices`` survive reconfiguration (like HiveD's pod bind info); ``pleaves`` maps
+    them to the current config's leaf cells (None: no longer in the config, ignored).
+    """
+
+    __slots__ = ("k", "devices", "pleaves", "vleaves", "released")
+
+    def __init__(self, k: int, devices: list[tuple[str, int, str | None]], pleaves: list[PCell | None],
+                 vleaves: list[VCell | None] | None) -> None:
+        self.k = k
+        self.devices = devices  # (node, leaf index, preassigned cell type or None)
+        self.pleaves = pleaves
+        self.vleaves = vleaves
+        self.released = False
+
+
+class Group:
+    """An allocated affinity group."""
+
+    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain")
+
+    def __init__(self, req: Request, seq: int, chain: str) -> None:
+        self.name = req.name
+        self.seq = seq
+        self.req = req
+        self.priority = req.priority
+        self.pods: list[Pod] = []
+        self.lazy_by: str | None = None  # set when lazily preempted (now opportunistic)
+        self.lease_ms: int | None = None
+        self.chain = chain
+
+    @property
+    def opportunistic(self) -> bool:
+        return self.priority == OPPORTUNISTIC_PRIORITY or self.lazy_by is not None
+
+    @property
+    def cell_priority(self) -> int:
+        return OPPORTUNISTIC_PRIORITY if self.opportunistic else self.priority
+
+    def __repr__(self) -> str:
+        return f"Group({self.name})"
+
+
+class Pending:
+    __slots__ = ("seq", "req", "lease_ms")
+
+    def __init__(self, seq: int, req: Request, lease_ms: int | None) -> None:
+        self.seq = seq
+        self.req = req
+        self.lease_ms = lease_ms
+
+
+class _Attempt:
+    """Outcome of one placement attempt."""
+
+    __slots__ = ("group", "reason", "preempted", "lazy_preempted")
+
+    def __init__(self, group: Group | None, reason: str | None = None,
+                 preempted: list[str] | None = None, lazy_preempted: list[str] | None = None) -> None:
+        self.group = group
+        self.reason = reason
+        self.preempted = preempted or []
+        self.lazy_preempted = lazy_preempted or []
+
+
+def _int(cmd: dict[str, Any], key: str, minimum: int) -> int:
+    v = cmd.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise CommandError(f"{key} must be an integer, got {v!r}")
+    if v < minimum:
+        raise CommandError(f"{key} must be >= {minimum}, got {v}")
+    if v > TIME_MS_MAX:
+        raise CommandError(f"{key} must be <= {TIME_MS_MAX}")
+    return v
+
+
+def _str(cmd: dict[str, Any], key: str) -> str:
+    v = cmd.get(key)
+    if not isinstance(v, str) or not v:
+        raise CommandError(f"{key} must be a non-empty string")
+    return v
+
+
+def _canonical(obj: Any) -> Any:
+    """Dicts with sorted keys, tuples as lists: one byte string per logical state."""
+    if isinstance(obj, dict):
+        return {k: _canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(x) for x in obj]
+    return obj
+
+
+class SchedulerStateMachine:
+    """HiveD's cells, VCs and affinity groups behind a deterministic ``apply``."""
+
+    def __init__(self, config: Config) -> None:
+        self._reset(config)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> SchedulerStateMachine:
+        return cls(load_config(text))
+
+    def _reset(self, config: Config) -> None:
+        self.config = config
+        self.cluster = Cluster(config)
+        self.groups: dict[str, Group] = {}
+        self.vc_groups: dict[str, dict[str, Group]] = {vc: {} for vc in config.virtual_clusters}
+        self.pending: list[Pending] = []
+        self.pending_by_name: dict[str, Pending] = {}
+        self.clock_ms = 0
+        self.next_seq = 0
+
+    # -- StateMachine protocol ------------------------------------------------------
+
+    def apply(self, command: Any) -> dict[str, Any]:
+        if not isinstance(command, dict):
+            return {"ok": False, "error": "command must be a mapping with an 'op'"}
+        op = command.get("op")
+        handler = _HANDLERS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
+        try:
+            return handler(self, command)
+        except (CommandError, RequestError, ConfigError) as exc:
+            return {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the protocol forbids raising out of apply
+            # Validation runs before any change, so this means a bug, not bad input; it is
+            # deterministic (every replica answers alike) and says so plainly.
+            return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+    def snapshot(self) -> bytes:
+        groups = []
+        for g in sorted(self.groups.values(), key=lambda g: g.seq):
+            pods = []
+            for pod in g.pods:
+                leaves = []
+                for i, (node, idx, rtype) in enumerate(pod.devices):
+                    p = pod.pleaves[i]
+                    v = pod.vleaves[i] if pod.vleaves is not None else None
+                    leaves.append([node, idx, rtype, p.id if p is not None else -1, v.id if v is not None else -1])
+                pods.append({"k": pod.k, "released": pod.released, "virtual": pod.vleaves is not None,
+                             "leaves": leaves})
+            groups.append({"seq": g.seq, "spec": g.req.to_record(), "chain": g.chain, "lazy_by": g.lazy_by,
+                           "lease_ms": g.lease_ms, "pods": pods})
+        state = {
+            "format": SNAPSHOT_FORMAT,
+            "config": self.config.to_dict(),
+            "bad_nodes": sorted(self.cluster.bad_nodes),
+            "clock_ms": self.clock_ms,
+            "next_seq": self.next_seq,
+            "groups": groups,
+            "pending": [{"seq": e.seq, "spec": e.req.to_record(), "lease_ms": e.lease_ms} for e in self.pending],
+        }
+        return msgpack.packb(_canonical(state), use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        state = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if not isinstance(state, dict) or state.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError("not a scheduler_state snapshot (format mismatch)")
+        other = SchedulerStateMachine(load_config(state["config"]))
+        other._load(state)
+        self.__dict__.update(other.__dict__)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        cl = self.cluster
+        t = Touched()
+        for node in state["bad_nodes"]:
+            cl.set_node_bad(node, True, t)
+        self.clock_ms = state["clock_ms"]
+        self.next_seq = state["next_seq"]
+        for rec in state["groups"]:
+            g = Group(request_from_record(rec["spec"]), rec["seq"], rec["chain"])
+            g.lazy_by = rec["lazy_by"]
+            g.lease_ms = rec["lease_ms"]
+            prio = g.cell_priority
+            for prec in rec["pods"]:
+                devices, pleaves, vleaves = [], [], []
+                for node, idx, rtype, pid, vid in prec["leaves"]:
+                    devices.append((node, idx, rtype))
+                    p = cl.pcells[pid] if pid >= 0 else None
+                    v = cl.vcells[vid] if vid >= 0 else None
+                    if p is not None:
+                        if p.level != 1 or p.node != node or p.leaf_index != idx or p.user is not None:
+                            raise ValueError(f"snapshot inconsistent: leaf {pid} is not free device {node}/{idx}")
+                        if v is not None:
+                            cl.bind(v, p)
+                        cl.use_leaf(g, p, prio, v, t)
+                    pleaves.append(p)
+                    vleaves.append(v)
+                pod = Pod(prec["k"], devices, pleaves, vleaves if prec["virtual"] else None)
+                pod.released = prec["released"]
+                g.pods.append(pod)
+            self._add_group(g)
+        for rec in state["pending"]:
+            e = Pending(rec["seq"], request_from_record(rec["spec"]), rec["lease_ms"])
+            self.pending.append(e)
+            self.pending_by_name[e.req.name] = e
+        cl.reindex(t)
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _add_group(self, g: Group) -> None:
+        self.groups[g.name] = g
+        vcg = self.vc_groups.get(g.req.vc)
+        if vcg is not None:
+            vcg[g.name] = g
+
+    def _drop_group(self, g: Group) -> None:
+        del self.groups[g.name]
+        vcg = self.vc_groups.get(g.req.vc)
+        if vcg is not None:
+            vcg.pop(g.name, None)
+
+    def _free_pod(self, pod: Pod, t: Touched) -> None:
+        cl = self.cluster
+        vl = pod.vleaves
+        for i, p in enumerate(pod.pleaves):
+            if p is None:
+                continue
+            cl.unuse_leaf(p, vl[i] if vl is not None else None, t)
+        pod.pleaves = [None] * len(pod.pleaves)
+        if vl is not None:
+            pod.vleaves = [None] * len(vl)
+
+    def _remove_group(self, g: Group, t: Touched) -> None:
+        for pod in g.pods:
+            self._free_pod(pod, t)
+        self._drop_group(g)
+
+    # -- request validation -------------------------------------------------------------
+
+    def _candidates(self, req: Request) -> tuple[list[Any], str | None]:
+        """Scopes (guaranteed) or chains (opportunistic) that could ever hold ``req``.
+
+        Raises RequestError for requests HiveD rejects outright: unknown VC, pinned cell
+        or leaf type, and groups larger than any cell of the physical cluster. A group
+        that fits the cluster but not its VC's quota is not an error: it waits (the
+        feature README's gang example), and the second value says why.
+        """
+        cl = self.cluster
+        if req.vc not in cl.vc_scopes:
+            raise RequestError(f"VC {req.vc} does not exist")
+        ltype = req.leaf_type
+        if ltype is not None and ltype not in cl.chains_by_leaf_type:
+            raise RequestError(f"leaf cell type {ltype} does not exist in the cluster")
+        pods = req.pods
+        kmax = max(pods)
+        total = req.total
+        if req.pinned_id is not None:
+            scope = cl.vc_pinned[req.vc].get(req.pinned_id)
+            if scope is None:
+                raise RequestError(f"VC {req.vc} does not have pinned cell {req.pinned_id}")
+            if ltype is not None and ltype != scope.chain.info.leaf_type:
+                raise RequestError(
+                    f"pinned cell {req.pinned_id} has leaf cell type {scope.chain.info.leaf_type}, not {ltype}"
+                )
+            if kmax > scope.max_node_leaves() or total > scope.leaves:
+                raise RequestError(
+                    f"request larger than any cell: {total} leaf cells (pods of up to {kmax}) do not fit "
+                    f"pinned cell {req.pinned_id} ({scope.leaves} leaf cells, {scope.max_node_leaves()} per node)"
+                )
+            return [scope], None
+        chains = cl.chains_by_leaf_type[ltype] if ltype is not None else list(cl.chains.values())
+        fits = [ch for ch in chains if _chain_fits(ch, kmax, total)]
+        if not fits:
+            what = f"leaf cell type {ltype}" if ltype is not None else "any leaf cell type"
+            raise RequestError(
+                f"request larger than any cell: {total} leaf cells (pods of up to {kmax}) do not fit "
+                f"any chain of {what}"
+            )
+        if req.opportunistic:
+            return fits, None
+        scopes = [s for s in cl.vc_scopes[req.vc].values() if ltype is None or s.chain.info.leaf_type == ltype]
+        if ltype is not None and not scopes:
+            raise RequestError(f"VC {req.vc} does not have leaf cell type {ltype}")
+        if not scopes:
+            raise RequestError(f"VC {req.vc} has only pinned cells: name one with pinnedCellId")
+        scopes.sort(key=lambda s: s.chain.index)
+        ok = [s for s in scopes if s.max_node_leaves() >= kmax and s.leaves >= total]
+        if not ok:
+            return [], (f"VC {req.vc} quota cannot hold {total} leaf cells with pods of up to {kmax} "
+                        f"({', '.join(f'{s.key}: {s.leaves}' for s in scopes)})")
+        return ok, None
+
+    # -- allocation -----------------------------------------------------------------------
+
+    def _attempt(self, req: Request, seq: int, known: tuple[list[Any], str | None] | None = None) -> _Attempt:
+        cands, why = known if known is not None else self._candidates(req)
+        if not cands:
+            return _Attempt(None, why)
+        if req.opportunistic:
+            return self._attempt_opportunistic(req, seq, cands)
+        return self._attempt_guaranteed(req, seq, cands)
+
+    def _attempt_opportunistic(self, req: Request, seq: int, chains: list[PChain]) -> _Attempt:
+        cl = self.cluster
+        sugg = req.suggested_filter()
+        pods = req.pods
+        total = req.total
+        for chain in chains:
+            placer = physical_placer(sugg)
+            keys = chain.node_index.keys
+
+            def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[PCell]:
+                return list(indexed_roots(keys, cl.pcells, kmin))
+
+            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods)
+            if found is None:
+                continue
+            g = Group(req, seq, chain.info.name)
+            t = Touched()
+            for k, leaves in zip(pods, found):
+                for p in leaves:
+                    cl.use_leaf(g, p, OPPORTUNISTIC_PRIORITY, None, t)
+                g.pods.append(Pod(k, [(p.node, p.leaf_index, None) for p in leaves], list(leaves), None))
+            cl.reindex(t)
+            self._add_group(g)
+            return _Attempt(g)
+        where = f"leaf cell type {req.leaf_type}" if req.leaf_type else "any leaf cell type"
+        return _Attempt(None, f"not enough free healthy leaf cells of {where} for an opportunistic group")
+
+    def _attempt_guaranteed(self, req: Request, seq: int, scopes: list[VScope]) -> _Attempt:
+        cl = self.cluster
+        sugg = req.suggested_filter()
+        pods = req.pods
+        total = req.total
+        reason = None
+        for scope in scopes:
+            for preempt in (False, True):
+                if not preempt:
+                    if scope.free < total:
+                        continue
+                    placer = virtual_free_placer(sugg)
+                    roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
+                    keys = scope.node_index.keys
+
+                    def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[VCell]:
+                        return list(indexed_roots(keys, cl.vcells, kmin))
+                else:
+                    lower = [g for g in self.vc_groups[req.vc].values()
+                             if not g.opportunistic and g.priority < req.priority]
+                    if not lower:
+                        continue
+                    placer = virtual_preempt_placer(scope, req.priority, sugg, lower)
+                    roots = counted_roots(scope.roots, placer.cnt, total)
+
+                    def spread(kmin: int, scope: VScope = scope) -> list[VCell]:
+                        return scope.nodes
+                found = placer.place(roots, spread, pods)
+                if found is None:
+                    continue
+                outcome = self._realize(req, seq, scope, found, sugg)
+                if outcome.group is not None:
+                    return outcome
+                reason = outcome.reason
+        if reason is None:
+            reason = (f"VC {req.vc} has not enough available cells for {total} leaf cells "
+                      f"(pods {pods}) at priority {req.priority}")
+        return _Attempt(None, reason)
+
+    def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
+                 sugg: frozenset[str] | None) -> _Attempt:
+        """Map a virtual placement to physical cells; preempt; commit. All or nothing."""
+        cl = self.cluster
+        victims: dict[str, Group] = {}
+        lazy: dict[str, Group] = {}
+        for leaves in vplace:
+            for v in leaves:
+                u = v.user
+                if u is not None:
+                    (lazy if u.req.lazy_preemption else victims)[u.name] = u
+        lazy_list = sorted(lazy.values(), key=lambda g: g.seq)
+        t = Touched()
+        saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
+        plan = MapPlan(cl, sugg)
+        pplace: list[list[PCell]] = []
+        failure = None
+        for leaves in vplace:
+            row = []
+            for v in leaves:
+                p = plan.physical(v)
+                if p is None:
+                    failure = plan.failure
+                elif p.bad:
+                    failure = f"mapping the VC placement would need bad node {p.node}"
+                elif sugg is not None and p.node not in sugg:
+                    failure = f"mapping the VC placement would need node {p.node}, not among the suggested nodes"
+                elif p.user is not None and p.prio != OPPORTUNISTIC_PRIORITY and p.user.name not in victims:
+                    failure = f"internal: {p.addr} is held by {p.user.name}, which is not a victim"
+                if failure is not None:
+                    break
+                row.append(p)
+            if failure is not None:
+                break
+            pplace.append(row)
+        if failure is not None:
+            for g, vl in reversed(saved):
+                self._unlazy(g, vl, t)
+            cl.reindex(t)
+            return _Attempt(None, failure)
+        for row in pplace:
+            for p in row:
+                u = p.user
+                if u is not None and u.name not in victims:
+                    victims[u.name] = u  # an opportunistic user of a physical cell we need
+        ordered = sorted(victims.values(), key=lambda g: g.seq)
+        for g in ordered:
+            self._remove_group(g, t)
+        g = Group(req, seq, scope.chain.info.name)
+        prio = req.priority
+        for k, vleaves, pleaves in zip(req.pods, vplace, pplace):
+            for v, p in zip(vleaves, pleaves):
+                cl.bind(v, p)
+                cl.use_leaf(g, p, prio, v, t)
+            g.pods.append(Pod(k, [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)],
+                              list(pleaves), list(vleaves)))
+        cl.reindex(t)
+        self._add_group(g)
+        return _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])
+
+    def _lazy_preempt(self, g: Group, preemptor: str, t: Touched) -> list[list[VCell | None] | None]:
+        """Demote ``g`` to opportunistic: it keeps its physical cells, gives back its
+        virtual ones (HiveD's lazyPreemptAffinityGroup). Returns what ``_unlazy`` needs."""
+        cl = self.cluster
+        saved = []
+        for pod in g.pods:
+            saved.append(pod.vleaves)
+            if pod.vleaves is not None:
+                for v, p in zip(pod.vleaves, pod.pleaves):
+                    if v is not None and p is not None:
+                        cl.demote_leaf(p, v, t)
+            pod.vleaves = None
+        g.lazy_by = preemptor
+        return saved
+
+    def _unlazy(self, g: Group, saved: list[list[VCell | None] | None], t: Touched) -> None:
+        cl = self.cluster
+        g.lazy_by = None
+        for pod, vl in zip(g.pods, saved):
+            pod.vleaves = vl
+            if vl is not None:
+                for v, p in zip(vl, pod.pleaves):
+                    if v is not None and p is not None:
+                        cl.promote_leaf(g, p, v, g.priority, t)
+
+    # -- pending queue --------------------------------------------------------------------
+
+    def _retry_pending(self) -> list[dict[str, Any]]:
+        """One FIFO pass over waiting groups (bounded by the queue length)."""
+        out: list[dict[str, Any]] = []
+        # Requests of the same shape fail alike until something is placed, so a shape
+        # that failed in this pass is not searched again (a long queue of equal jobs
+        # costs one search, not one per job).
+        failed: set[tuple[Any, ...]] = set()
+        for e in list(self.pending):
+            if self.pending_by_name.get(e.req.name) is not e:
+                continue
+            r = e.req
+            shape = (r.vc, r.priority, r.pinned_id, r.leaf_type, tuple(sorted(r.pods)), r.suggested_filter())
+            if shape in failed:
+                continue
+            try:
+                attempt = self._attempt(e.req, e.seq)
+            except RequestError as exc:
+                self._unqueue(e)
+                out.append({"group": e.req.name, "dropped": str(exc)})
+                continue
+            if attempt.group is None:
+                failed.add(shape)
+            else:
+                failed.clear()
+                self._unqueue(e)
+                attempt.group.lease_ms = e.lease_ms
+                out.append({"group": e.req.name, "preempted": attempt.preempted,
+                            "lazy_preempted": attempt.lazy_preempted})
+        return out
+
+    def _unqueue(self, e: Pending) -> None:
+        self.pending.remove(e)
+        del self.pending_by_name[e.req.name]
+
+    # -- command handlers ------------------------------------------------------------------
+
+    def _cmd_allocate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        req = parse_request(cmd.get("group"), cmd.get("suggestedNodes"))
+        wait = cmd.get("wait", True)
+        if not isinstance(wait, bool):
+            raise CommandError("wait must be true or false")
+        lease = None
+        now = self.clock_ms
+        if "ttl_ms" in cmd or "now_ms" in cmd:
+            now = max(_int(cmd, "now_ms", 0), self.clock_ms)
+            lease = now + _int(cmd, "ttl_ms", 1)
+        if req.name in self.groups:
+            raise CommandError(f"group {req.name} is already allocated")
+        if req.name in self.pending_by_name:
+            raise CommandError(f"group {req.name} is already waiting (release it to cancel)")
+        known = self._candidates(req)  # request errors before anything changes
+        seq = self.next_seq
+        attempt = self._attempt(req, seq, known)
+        g = attempt.group
+        if g is None:
+            queued = wait and len(self.pending) < PENDING_MAX
+            if queued:
+                # Only a placed or queued group changes the state: it takes a number
+                # (and its lease moves the clock); a refused attempt leaves no trace.
+                self.next_seq += 1
+                self.clock_ms = now
+                e = Pending(seq, req, lease)
+                self.pending.append(e)
+                self.pending_by_name[req.name] = e
+            return {"ok": False, "group": req.name, "waiting": True, "queued": queued, "reason": attempt.reason}
+        self.next_seq += 1
+        self.clock_ms = now
+        g.lease_ms = lease
+        result = self._group_view(g)
+        result.update(ok=True, preempted=attempt.preempted, lazy_preempted=attempt.lazy_preempted)
+        result["scheduled"] = self._retry_pending() if attempt.preempted else []
+        return result
+
+    def _cmd_release(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = _str(cmd, "group")
+        e = self.pending_by_name.get(name)
+        if e is not None:
+            if cmd.get("pods") is not None:
+                raise CommandError(f"group {name} is waiting; release it whole to cancel it")
+            self._unqueue(e)
+            return {"ok": True, "group": name, "cancelled": True, "scheduled": []}
+        g = self.groups.get(name)
+        if g is None:
+            raise CommandError(f"group {name} does not exist")
+        pods = cmd.get("pods")
+        t = Touched()
+        if pods is None:
+            self._remove_group(g, t)
+            self.cluster.reindex(t)
+            return {"ok": True, "group": name, "released": True, "scheduled": self._retry_pending()}
+        if not isinstance(pods, list) or not pods or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.pods) for i in pods):
+            raise CommandError(f"pods must be a non-empty list of pod indices in 0..{len(g.pods) - 1}")
+        for i in sorted(set(pods)):
+            pod = g.pods[i]
+            if pod.released:
+                continue
+            pod.released = True
+            if not g.req.gang_release:
+                self._free_pod(pod, t)
+        done = all(p.released for p in g.pods)
+        if done:
+            self._remove_group(g, t)
+        self.cluster.reindex(t)
+        return {"ok": True, "group": name, "released": done, "scheduled": self._retry_pending()}
+
+    def _cmd_set_node_health(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        node = _str(cmd, "node")
+        healthy = cmd.get("healthy")
+        if not isinstance(healthy, bool):
+            raise CommandError("healthy must be true or false")
+        cl = self.cluster
+        if node not in cl.node_leaves:
+            raise CommandError(f"node {node} is not in the config")
+        if (node not in cl.bad_nodes) == healthy:
+            return {"ok": True, "node": node, "changed": False, "scheduled": []}
+        t = Touched()
+        cl.set_node_bad(node, not healthy, t)
+        cl.reindex(t)
+        return {"ok": True, "node": node, "changed": True,
+                "scheduled": self._retry_pending() if healthy else []}
+
+    def _cmd_lease_grant(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = _str(cmd, "group")
+        now = max(_int(cmd, "now_ms", 0), self.clock_ms)
+        ttl = _int(cmd, "ttl_ms", 1)
+        holder = self.groups.get(name) or self.pending_by_name.get(name)
+        if holder is None:
+            raise CommandError(f"group {name} does not exist")
+        self.clock_ms = now
+        holder.lease_ms = now + ttl
+        return {"ok": True, "group": name, "lease_expires_ms": holder.lease_ms}
+
+    def _cmd_lease_renew(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = _str(cmd, "group")
+        now = max(_int(cmd, "now_ms", 0), self.clock_ms)
+        ttl = _int(cmd, "ttl_ms", 1)
+        holder = self.groups.get(name) or self.pending_by_name.get(name)
+        if holder is None:
+            raise CommandError(f"group {name} does not exist")
+        if holder.lease_ms is None:
+            raise CommandError(f"group {name} has no lease to renew")
+        if holder.lease_ms <= now:
+            raise CommandError(f"lease of group {name} expired at {holder.lease_ms} (now {now})")
+        self.clock_ms = now
+        holder.lease_ms = now + ttl
+        return {"ok": True, "group": name, "lease_expires_ms": holder.lease_ms}
+
+    def _cmd_lease_expire(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        now = max(_int(cmd, "now_ms", 0), self.clock_ms)
+        self.clock_ms = now
+        expired_pending = [e for e in self.pending if e.lease_ms is not None and e.lease_ms <= now]
+        for e in expired_pending:
+            self._unqueue(e)
+        expired = sorted((g for g in self.groups.values() if g.lease_ms is not None and g.lease_ms <= now),
+                         key=lambda g: g.seq)
+        t = Touched()
+        for g in expired:
+            self._remove_group(g, t)
+        self.cluster.reindex(t)
+        return {"ok": True, "now_ms": now, "expired": [g.name for g in expired],
+                "cancelled": [e.req.name for e in expired_pending],
+                "scheduled": self._retry_pending() if expired else []}
+
+    def _cmd_reconfigure(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        raw = cmd.get("config")
+        if not isinstance(raw, (str, dict)):
+            raise CommandError("config must be YAML text or a mapping")
+        config = load_config(raw)
+        new = SchedulerStateMachine(config)
+        report = new._adopt(self)
+        self.__dict__.update(new.__dict__)
+        report["scheduled"] = self._retry_pending()
+        report["ok"] = True
+        return report
+
+    def _adopt(self, old: SchedulerStateMachine) -> dict[str, Any]:
+        """Re-add the old machine's groups to this fresh one (work-preserving
+        reconfiguration, HiveD's recovery from pod bind info)."""
+        cl = self.cluster
+        t = Touched()
+        for node in sorted(old.cluster.bad_nodes):
+            if node in cl.node_leaves:
+                cl.set_node_bad(node, True, t)
+        self.clock_ms = old.clock_ms
+        self.next_seq = old.next_seq
+        lazy: list[str] = []
+        ignored: dict[str, int] = {}
+        for og in sorted(old.groups.values(), key=lambda g: g.seq):
+            g = Group(og.req, og.seq, og.chain)
+            g.lease_ms = og.lease_ms
+            g.lazy_by = og.lazy_by
+            for op in og.pods:
+                if op.released and not og.req.gang_release:
+                    pleaves: list[PCell | None] = [None] * len(op.devices)  # its cells were freed
+                else:
+                    pleaves = [cl.leaf_by_device.get((node, idx)) for node, idx, _ in op.devices]
+                pod = Pod(op.k, list(op.devices), pleaves, None)
+                pod.released = op.released
+                g.pods.append(pod)
+                missing = 0 if op.released else sum(1 for p in pleaves if p is None)
+                if missing:
+                    ignored[g.name] = ignored.get(g.name, 0) + missing
+            if not g.opportunistic:
+                why = self._readd_guaranteed(g, t)
+                if why is not None:
+                    g.lazy_by = f"reconfiguration: {why}"
+                    lazy.append(g.name)
+            if g.opportunistic:
+                for pod in g.pods:
+                    pod.vleaves = None
+                    for p in pod.pleaves:
+                        if p is not None:
+                            cl.use_leaf(g, p, OPPORTUNISTIC_PRIORITY, None, t)
+            self._add_group(g)
+        cl.reindex(t)
+        dropped = []
+        for e in old.pending:
+            try:
+                self._candidates(e.req)
+            except RequestError as exc:
+                dropped.append({"group": e.req.name, "dropped": str(exc)})
+                continue
+            self.pending.append(Pending(e.seq, e.req, e.lease_ms))
+            self.pending_by_name[e.req.name] = self.pending[-1]
+        return {"lazy_preempted": lazy, "ignored_leaf_cells": ignored, "dropped": dropped}
+
+    def _readd_guaranteed(self, g: Group, t: Touched) -> str | None:
+        """Find virtual cells for a running guaranteed group's physical cells (HiveD's
+        mapPhysicalCellToVirtual); on failure undo and return why."""
+        cl = self.cluster
+        done: list[tuple[PCell, VCell]] = []
+
+        def undo(why: str) -> str:
+            for p, v in reversed(done):
+                cl.unuse_leaf(p, v, t)
+            return why
+
+        scopes = cl.vc_pinned.get(g.req.vc) if g.req.pinned_id else cl.vc_scopes.get(g.req.vc)
+        if scopes is None:
+            return undo(f"VC {g.req.vc} no longer exists")
+        for pod in g.pods:
+            vleaves: list[VCell | None] = []
+            for (node, idx, rtype), p in zip(pod.devices, pod.pleaves):
+                if p is None:
+                    vleaves.append(None)
+                    continue
+                scope = scopes.get(g.req.pinned_id if g.req.pinned_id else p.chain.info.name)
+                if scope is None or scope.chain is not p.chain:
+                    where = g.req.pinned_id or p.chain.info.name
+                    return undo(f"VC {g.req.vc} has no cells for {where}")
+                v = self._virtual_for(p, scope, rtype)
+                if v is None:
+                    return undo(f"VC {g.req.vc} has no free {rtype} cell for device {node}/{idx}")
+                cl.bind(v, p)
+                cl.use_leaf(g, p, g.priority, v, t)
+                done.append((p, v))
+                vleaves.append(v)
+            pod.vleaves = vleaves
+        chains = sorted({p.chain.info.name for p, _ in done})
+        for name in chains:
+            chain = cl.chains[name]
+            short = safety_shortfall(chain, chain.demand)
+            if short is not None:
+                for pod in g.pods:
+                    pod.vleaves = None
+                return undo(f"keeping it would break VC safety ({short})")
+        return None
+
+    def _virtual_for(self, p: PCell, scope: VScope, rtype: str | None) -> VCell | None:
+        level = p.chain.info.level_of(rtype) if rtype is not None else None
+        if level is None:
+            return None
+        path = [p]
+        while path[-1].level < level:
+            path.append(path[-1].parent)  # type: ignore[arg-type]
+        top = path[-1]
+        if top.vcell is not None:
+            v = top.vcell
+            if v.scope is not scope:
+                return None
+        else:
+            if self.cluster.free_ancestor(top) is None:
+                return None
+            v = next((r for r in scope.roots if r.level == level and r.pcell is None), None)
+            if v is None:
+                return None
+        claimed: dict[VCell, PCell] = {v: top}
+        for pc in reversed(path[:-1]):
+            if pc.vcell is not None:
+                if pc.vcell.parent is not v:
+                    return None
+                v = pc.vcell
+            else:
+                nxt = next((c for c in v.children if c.pcell is None and c not in claimed), None)
+                if nxt is None:
+                    return None
+                v = nxt
+            claimed[v] = pc
+        return v if v.user is None else None
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def _group_view(self, g: Group) -> dict[str, Any]:
+        placement = []
+        for pod in g.pods:
+            tracked = [(node, idx) for (node, idx, _), p in zip(pod.devices, pod.pleaves) if p is not None]
+            placement.append({
+                "leaf_cell_number": pod.k,
+                "node": pod.devices[0][0] if pod.devices else None,
+                "leaf_cells": [idx for _, idx, _ in pod.devices],
+                "ignored_leaf_cells": len(pod.devices) - len(tracked),
+                "released": pod.released,
+            })
+        view: dict[str, Any] = {
+            "group": g.name,
+            "state": "allocated",
+            "vc": g.req.vc,
+            "priority": g.priority,
+            "opportunistic": g.opportunistic,
+            "chain": g.chain,
+            "placement": placement,
+        }
+        if g.req.pinned_id:
+            view["pinned_cell_id"] = g.req.pinned_id
+        if g.lazy_by is not None:
+            view["lazy_preempted_by"] = g.lazy_by
+        if g.lease_ms is not None:
+            view["lease_expires_ms"] = g.lease_ms
+        virtual = [[v.addr for v in pod.vleaves if v is not None] for pod in g.pods if pod.vleaves is not None]
+        if virtual:
+            view["virtual_placement"] = virtual
+        return view
+
+    def _cmd_group_status(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = _str(cmd, "group")
+        g = self.groups.get(name)
+        if g is not None:
+            return {"ok": True, **self._group_view(g)}
+        e = self.pending_by_name.get(name)
+        if e is not None:
+            pos = self.pending.index(e)
+            out = {"ok": True, "group": name, "state": "pending", "vc": e.req.vc, "priority": e.req.priority,
+                   "queue_position": pos, "spec": e.req.spec()}
+            if e.lease_ms is not None:
+                out["lease_expires_ms"] = e.lease_ms
+            return out
+        raise CommandError(f"group {name} does not exist")
+
+    def _cmd_list_groups(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True,
+                "allocated": [g.name for g in sorted(self.groups.values(), key=lambda g: g.seq)],
+                "pending": [e.req.name for e in self.pending]}
+
+    def _cmd_cluster_status(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        cl = self.cluster
+        return {
+            "ok": True,
+            "chains": {name: cl.status_of_chain(ch) for name, ch in cl.chains.items()},
+            "bad_nodes": sorted(cl.bad_nodes),
+            "virtual_clusters": sorted(cl.vc_scopes),
+            "groups": len(self.groups),
+            "pending": [e.req.name for e in self.pending],
+            "clock_ms": self.clock_ms,
+        }
+
+    def _cmd_vc_status(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        vc = _str(cmd, "vc")
+        cl = self.cluster
+        if vc not in cl.vc_scopes:
+            raise CommandError(f"VC {vc} does not exist")
+        cells = []
+        for scope in cl.scopes_of(vc):
+            for r in scope.roots:
+                entry = {"address": r.addr, "cell_type": r.ctype, "chain": scope.chain.info.name,
+                         "leaf_cells": r.leaves, "free_leaf_cells": r.free,
+                         "bound_to": r.pcell.addr if r.pcell is not None else None}
+                if scope.pinned_id:
+                    entry["pinned_cell_id"] = scope.pinned_id
+                cells.append(entry)
+        used: dict[str, int] = {}
+        opp = 0
+        for g in self.vc_groups[vc].values():
+            n = sum(1 for pod in g.pods for p in pod.pleaves if p is not None)
+            if g.opportunistic:
+                opp += n
+            else:
+                used[str(g.priority)] = used.get(str(g.priority), 0) + n
+        return {"ok": True, "vc": vc, "cells": cells,
+                "guaranteed_leaf_cells_by_priority": dict(sorted(used.items(), key=lambda kv: int(kv[0]))),
+                "opportunistic_leaf_cells": opp,
+                "groups": [g.name for g in sorted(self.vc_groups[vc].values(), key=lambda g: g.seq)]}
+
+    # -- Python-side conveniences (tests, invariants, tools) ---------------------------------
+
+    def group(self, name: str) -> Group | None:
+        return self.groups.get(name)
+
+    def query(self, op: str, **fields: Any) -> dict[str, Any]:
+        return self.apply({"op": op, **fields})
+
+
+def _chain_fits(chain: PChain, kmax: int, total: int) -> bool:
+    info = chain.info
+    return info.leaves_per_level[info.node_level - 1] >= kmax and len(chain.tops) * info.leaves_per_level[-1] >= total
+
+
+_HANDLERS: dict[str, Callable[[SchedulerStateMachine, dict[str, Any]], dict[str, Any]]] = {
+    "allocate": SchedulerStateMachine._cmd_allocate,
+    "release": SchedulerStateMachine._cmd_release,
+    "set_node_health": SchedulerStateMachine._cmd_set_node_health,
+    "reconfigure": SchedulerStateMachine._cmd_reconfigure,
+    "lease_grant": SchedulerStateMachine._cmd_lease_grant,
+    "lease_renew": SchedulerStateMachine._cmd_lease_renew,
+    "lease_expire": SchedulerStateMachine._cmd_lease_expire,
+    "cluster_status": SchedulerStateMachine._cmd_cluster_status,
+    "vc_status": SchedulerStateMachine._cmd_vc_status,
+    "group_status": SchedulerStateMachine._cmd_group_status,
+    "list_groups": SchedulerStateMachine._cmd_list_groups,
+}
+
+__all__ = ["SchedulerStateMachine", "CommandError", "Group", "Pod", "Pending"]

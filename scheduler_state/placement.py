@@ -1,0 +1,386 @@
+"""Placement: which leaf cells a group gets, and which physical cells back them.
+
+Two pure searches (they read the cluster and write only their own scratch state):
+
+- :class:`Placer` picks leaf cells for a group's pods inside one scope: a VC's virtual
+  cells of one chain or one pinned cell (guaranteed groups), or a chain's physical cells
+  (opportunistic groups). It is HiveD's topology-aware scheduler in spirit: *nearest
+  leaf cells first*. It looks for the lowest cell that can hold the whole group (best fit:
+  the candidate with the fewest available leaves that still suffices, ties by id), goes
+  down while one child suffices, and only spreads pods over several nodes when no single
+  node can hold them all (first-fit-decreasing, best-fit node per pod). Inside a node a
+  pod takes the lowest sub-cell that holds it, so two 1-leaf pods of one group land on
+  buddy leaves (the feature README's buddy example). Each pod stays inside one node.
+- :class:`MapPlan` maps chosen virtual leaves to physical leaves (HiveD's
+  ``mapVirtualPlacementToPhysical``): a bound virtual cell keeps its physical cell; an
+  unbound preassigned cell gets one by buddy allocation from the lowest non-empty free
+  level at or above its own (split on demand, never a higher level, which is what keeps
+  every VC's quota satisfiable); an unbound inner cell gets an unbound physical child of
+  its parent's physical cell, so topology inside a preassigned cell is preserved. Among
+  candidates it prefers healthy, suggested, fewest opportunistic users, lowest id.
+
+Availability ("count") depends on the mode: free leaves (no preemption), leaves free or
+used at a lower priority in the VC (preemption), or free healthy unpinned physical leaves
+(opportunistic).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from scheduler_state.cells import Cluster, PCell, PChain, VCell, VScope
+
+Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
+
+
+class Placer:
+    """Topology-aware leaf selection over one scope with a given availability count."""
+
+    __slots__ = ("cnt", "delta", "node_ok")
+
+    def __init__(self, cnt: Callable[[Cell], int], delta: dict[Cell, int], node_ok: Callable[[Cell], bool]) -> None:
+        self.cnt = cnt
+        self.delta = delta  # leaves picked so far by this search, per cell (shared with cnt)
+        self.node_ok = node_ok
+
+    def place(self, roots: Iterable[Cell], spread_nodes: Callable[[int], list[Cell]],
+              pods: Sequence[int]) -> list[list[Cell]] | None:
+        """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them."""
+        order = sorted(range(len(pods)), key=lambda i: (-pods[i], i))
+        sizes = [pods[i] for i in order]
+        total = sum(sizes)
+        found: list[list[Cell]] | None = None
+        for root in roots:
+            found = self._try(root, sizes, total)
+            if found is not None:
+                break
+        if found is None and len(sizes) > 1:
+            found = self._spread(spread_nodes(sizes[-1]), sizes)
+        if found is None:
+            return None
+        out: list[list[Cell]] = [[] for _ in pods]
+        for j, i in enumerate(order):
+            out[i] = found[j]
+        return out
+
+    def _try(self, c: Cell, sizes: list[int], total: int) -> list[list[Cell]] | None:
+        if c.nodeish or c.level == 1:
+            return self._in_node(c, sizes, total)
+        cnt = self.cnt
+        kids = sorted((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) >= total)
+        for _, _, ch in kids:
+            found = self._try(ch, sizes, total)
+            if found is not None:
+                return found
+        if len(sizes) > 1:
+            return self._spread(self._nodes_under(c), sizes)
+        return None
+
+    def _in_node(self, c: Cell, sizes: list[int], total: int) -> list[list[Cell]] | None:
+        if not self.node_ok(c):
+            return None
+        cnt = self.cnt
+        # Go down to the lowest cell that still holds the whole group (nearest leaves).
+        while c.level > 1:
+            best = None
+            best_n = 0
+            for ch in c.children:
+                n = cnt(ch)
+                if n >= total and (best is None or n < best_n):
+                    best, best_n = ch, n
+            if best is None:
+                break
+            c = best
+        out = []
+        for k in sizes:
+            leaves: list[Cell] = []
+            self._pick(c, k, leaves)
+            out.append(leaves)
+        return out
+
+    def _nodes_under(self, c: Cell) -> list[Cell]:
+        out = []
+        stack = [c]
+        while stack:
+            x = stack.pop()
+            if x.nodeish:
+                out.append(x)
+            elif x.level > 1:
+                stack.extend(x.children)
+        return out
+
+    def _spread(self, nodes: list[Cell], sizes: list[int]) -> list[list[Cell]] | None:
+        """First-fit decreasing over nodes, each pod to the node with the fewest leaves
+        that still suffice; decided on counts first so a failure leaves no picks behind."""
+        cnt = self.cnt
+        keys: list[tuple[int, int]] = []
+        by_id: dict[int, Cell] = {}
+        for n in nodes:
+            k = cnt(n)
+            if k > 0 and self.node_ok(n):
+                keys.append((k, n.id))
+                by_id[n.id] = n
+        keys.sort()
+        chosen = []
+        for k in sizes:
+            i = bisect_left(keys, (k, -1))
+            if i == len(keys):
+                return None
+            have, nid = keys.pop(i)
+            chosen.append(by_id[nid])
+            if have > k:
+                insort(keys, (have - k, nid))
+        out = []
+        for k, n in zip(sizes, chosen):
+            leaves: list[Cell] = []
+            self._pick(n, k, leaves)
+            out.append(leaves)
+        return out
+
+    def _pick(self, c: Cell, k: int, out: list[Cell]) -> None:
+        """Take ``k`` available leaves under ``c``, as close together as possible."""
+        cnt = self.cnt
+        if k > 1 and cnt(c) == k:
+            self._take_all(c, out)  # every available leaf of c: no choice to make
+            return
+        while c.level > 1:
+            best = None
+            best_n = 0
+            for ch in c.children:
+                n = cnt(ch)
+                if n >= k and (best is None or n < best_n):
+                    best, best_n = ch, n
+            if best is None:
+                break
+            c = best
+        if c.level == 1:
+            self._consume(c)
+            out.append(c)
+            return
+        # No single child holds k: fill from the children with most available leaves.
+        kids = sorted(((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) > 0), key=lambda t: (-t[0], t[1]))
+        for n, _, ch in kids:
+            take = n if n < k else k
+            self._pick(ch, take, out)
+            k -= take
+            if k == 0:
+                return
+        raise AssertionError(f"count of {c!r} promised more leaves than it has")
+
+    def _take_all(self, c: Cell, out: list[Cell]) -> None:
+        cnt = self.cnt
+        stack = [c]
+        found = []
+        while stack:
+            x = stack.pop()
+            if x.level == 1:
+                if cnt(x) > 0:
+                    found.append(x)
+            else:
+                stack.extend(ch for ch in reversed(x.children) if cnt(ch) > 0)
+        for leaf in found:
+            self._consume(leaf)
+        out.extend(found)
+
+    def _consume(self, leaf: Cell) -> None:
+        delta = self.delta
+        c = leaf
+        while c is not None:
+            delta[c] = delta.get(c, 0) + 1
+            c = c.parent
+
+
+# -- count functions ------------------------------------------------------------------
+
+
+def virtual_free_placer(suggested: frozenset[str] | None) -> Placer:
+    delta: dict[Cell, int] = {}
+    get = delta.get
+
+    def cnt(c: VCell) -> int:
+        return c.free - get(c, 0)
+
+    return Placer(cnt, delta, _virtual_node_ok(suggested))
+
+
+def virtual_preempt_placer(scope: VScope, priority: int, suggested: frozenset[str] | None,
+                           users: Iterable[Any]) -> Placer:
+    """Leaves free or used by a group of lower priority in this scope count as available."""
+    delta: dict[Cell, int] = {}
+    extra: dict[Cell, int] = {}
+    for g in users:
+        if g.priority >= priority:
+            continue
+        for pod in g.pods:
+            if pod.vleaves is None:
+                continue
+            for v in pod.vleaves:
+                if v is None or v.scope is not scope:
+                    continue
+                c = v
+                while c is not None:
+                    extra[c] = extra.get(c, 0) + 1
+                    c = c.parent
+    get = delta.get
+    xget = extra.get
+
+    def cnt(c: VCell) -> int:
+        return c.free + xget(c, 0) - get(c, 0)
+
+    return Placer(cnt, delta, _virtual_node_ok(suggested))
+
+
+def physical_placer(suggested: frozenset[str] | None) -> Placer:
+    delta: dict[Cell, int] = {}
+    get = delta.get
+
+    def cnt(c: PCell) -> int:
+        return c.oavail - get(c, 0)
+
+    if suggested is None:
+        return Placer(cnt, delta, _always)
+    return Placer(cnt, delta, lambda c: c.node in suggested)
+
+
+def _always(c: Cell) -> bool:
+    return True
+
+
+def _virtual_node_ok(suggested: frozenset[str] | None) -> Callable[[VCell], bool]:
+    # A virtual node bound to a bad (or non-suggested) physical node cannot take new pods;
+    # an unbound one can: the mapping will look for a usable physical cell.
+    if suggested is None:
+        def ok(c: VCell) -> bool:
+            p = c.pcell
+            return p is None or p.bad == 0
+    else:
+        def ok(c: VCell) -> bool:
+            p = c.pcell
+            return p is None or (p.bad == 0 and p.node in suggested)
+    return ok
+
+
+def indexed_roots(index_keys: list[tuple[int, int]], cells: list[Any], total: int) -> Iterable[Any]:
+    """Cells of a (count, id) index with count >= total, fewest first."""
+    i = bisect_left(index_keys, (total, -1))
+    for j in range(i, len(index_keys)):
+        yield cells[index_keys[j][1]]
+
+
+def counted_roots(roots: list[Any], cnt: Callable[[Any], int], total: int) -> list[Any]:
+    ranked = sorted((n, r.id, r) for r in roots if (n := cnt(r)) >= total)
+    return [c for _, _, c in ranked]
+
+
+# -- virtual to physical mapping -----------------------------------------------------------
+
+
+class MapPlan:
+    """A tentative binding of virtual cells to physical cells; changes nothing until
+    the caller commits it."""
+
+    __slots__ = ("cluster", "suggested", "plan", "taken", "removed", "extra", "failure")
+
+    def __init__(self, cluster: Cluster, suggested: frozenset[str] | None) -> None:
+        self.cluster = cluster
+        self.suggested = suggested
+        self.plan: dict[VCell, PCell] = {}
+        self.taken: set[int] = set()  # physical ids claimed by this plan (membership only)
+        self.removed: set[int] = set()  # free-list cells this plan split or took
+        self.extra: dict[int, list[PCell]] = {}  # level -> cells freed by this plan's splits
+        self.failure: str | None = None
+
+    def _suggested_ok(self, p: PCell) -> bool:
+        s = self.suggested
+        if s is None:
+            return True
+        if p.node is not None:
+            return p.node in s
+        return any(n in s for n in self.cluster.nodes_of(p))
+
+    def _rank(self, p: PCell) -> tuple[bool, bool, int, int]:
+        return (p.bad > 0, not self._suggested_ok(p), p.opp, p.id)
+
+    def physical(self, v: VCell) -> PCell | None:
+        p = v.pcell
+        if p is not None:
+            return p
+        p = self.plan.get(v)
+        if p is not None:
+            return p
+        if v.parent is None:
+            p = self._buddy(v.scope.chain, v.level)
+        else:
+            pp = self.physical(v.parent)
+            if pp is None:
+                return None
+            taken = self.taken
+            best = None
+            if self.suggested is None and pp.bad == 0:
+                # Common case: rank is (opportunistic users, id) and children come in id
+                # order, so the first candidate without opportunistic users is the best.
+                best_opp = 0
+                for ch in pp.children:
+                    if ch.vcell is not None or ch.id in taken:
+                        continue
+                    if ch.opp == 0:
+                        best = ch
+                        break
+                    if best is None or ch.opp < best_opp:
+                        best, best_opp = ch, ch.opp
+            else:
+                best_rank = None
+                for ch in pp.children:
+                    if ch.vcell is not None or ch.id in taken:
+                        continue
+                    r = self._rank(ch)
+                    if best_rank is None or r < best_rank:
+                        best, best_rank = ch, r
+            p = best
+            if p is None:
+                self.failure = f"VC safety broken: no unbound physical cell under {pp.addr} for {v.addr}"
+        if p is None:
+            return None
+        self.plan[v] = p
+        self.taken.add(p.id)
+        return p
+
+    def _buddy(self, chain: PChain, level: int) -> PCell | None:
+        pcells = self.cluster.pcells
+        removed = self.removed
+        chosen = None
+        for lvl in range(level, chain.info.top_level + 1):
+            best = None
+            best_rank = None
+            # Free cells are ordered by (opportunistic users, id): the first usable one
+            # is the best unless bad or non-suggested cells must be skipped.
+            for key in chain.free[lvl].keys:
+                if key[1] in removed:
+                    continue
+                c = pcells[key[1]]
+                r = self._rank(c)
+                if best_rank is None or r < best_rank:
+                    best, best_rank = c, r
+                if not r[0] and not r[1]:
+                    break
+            for c in self.extra.get(lvl, ()):
+                if c.id in removed:
+                    continue
+                r = self._rank(c)
+                if best_rank is None or r < best_rank:
+                    best, best_rank = c, r
+            if best is not None:
+                chosen = best
+                break
+        if chosen is None:
+            self.failure = f"VC safety broken: no free {chain.info.types[level - 1]} cell in chain {chain.info.name}"
+            return None
+        removed.add(chosen.id)
+        c = chosen
+        while c.level > level:
+            kids = sorted(c.children, key=self._rank)
+            self.extra.setdefault(c.level - 1, []).extend(kids[1:])
+            c = kids[0]
+        return c

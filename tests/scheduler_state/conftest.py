@@ -1,0 +1,15 @@
+"""Fixtures for the scheduler_state tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.scheduler_state.helpers import require_hived
+
+
+@pytest.fixture
+def hived() -> Path:
+    """The ../shared/hived folder; tests using it skip cleanly when it is absent."""
+    return require_hived()

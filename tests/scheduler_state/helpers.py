@@ -1,0 +1,74 @@
+"""Shared helpers for the scheduler_state tests: where HiveD's files are, and short
+ways to build machines and issue commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler_state import SchedulerStateMachine, check, load_config
+
+# Configs are read from the shared folder next to the repository, never copied in.
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+HIVED = SHARED / "hived"
+FEATURE = HIVED / "feature"
+
+
+def require_hived() -> Path:
+    if not (FEATURE / "README.md").is_file():
+        pytest.skip(f"HiveD reference files not found at {HIVED.resolve()} (the ../shared/hived folder)")
+    return HIVED
+
+
+def feature_config(n: int | str) -> Path:
+    require_hived()
+    return FEATURE / f"hived-config-{n}.yaml"
+
+
+def machine(n: int | str) -> SchedulerStateMachine:
+    return SchedulerStateMachine(load_config(feature_config(n)))
+
+
+def spec(name: str, vc: str, priority: int, pods: int, leaves: int, leaf_type: str | None = None,
+         **extra: Any) -> dict[str, Any]:
+    """A HiveD pod scheduling spec for one affinity group of ``pods`` x ``leaves``."""
+    s: dict[str, Any] = {
+        "virtualCluster": vc,
+        "priority": priority,
+        "affinityGroup": {"name": name, "members": [{"podNumber": pods, "leafCellNumber": leaves}]},
+    }
+    if leaf_type is not None:
+        s["leafCellType"] = leaf_type
+    s.update(extra)
+    return s
+
+
+def apply_ok(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Apply, then insist on the invariants; return the result."""
+    result = m.apply(cmd)
+    problems = check(m)
+    assert not problems, f"invariants broken after {cmd}: {problems}"
+    assert "internal error" not in str(result.get("error", "")), result
+    return result
+
+
+def allocate(m: SchedulerStateMachine, name: str, vc: str, priority: int, pods: int, leaves: int,
+             leaf_type: str | None = None, **extra: Any) -> dict[str, Any]:
+    cmd_extra = {k: extra.pop(k) for k in ("wait", "suggestedNodes", "now_ms", "ttl_ms") if k in extra}
+    return apply_ok(m, {"op": "allocate", "group": spec(name, vc, priority, pods, leaves, leaf_type, **extra),
+                        **cmd_extra})
+
+
+def nodes_of(result: dict[str, Any]) -> list[str]:
+    """Node of each pod of an allocate result or group status."""
+    return [p["node"] for p in result["placement"]]
+
+
+def status(m: SchedulerStateMachine, name: str) -> dict[str, Any]:
+    return m.apply({"op": "group_status", "group": name})
+
+
+def assert_unchanged(m: SchedulerStateMachine, before: bytes) -> None:
+    assert m.snapshot() == before, "a rejected command changed the state"
