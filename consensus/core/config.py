@@ -62,11 +62,12 @@ class ProtocolConfig:
     # A replica blocked on another leader's missing C-instance starts recovering
     # it after recovery_ticks * (1 + its distance from that leader).
     recovery_ticks: int = 50
-    # Straggler detection (paper §4): per window, O-slots received for my own
-    # instances vs. what I asked for; 3 bad windows in a row, confirmed by a
-    # majority, replace the sequencer, at most once per straggler_cooldown_ticks.
+    # Straggler detection (paper §4): per window, how long my committed instances
+    # waited to be ordered vs. how long replication took; 3 bad windows in a row,
+    # confirmed by a majority, replace the sequencer, at most once per
+    # straggler_cooldown_ticks.
     straggler_window_ticks: int = 50
-    straggler_min_demand: int = 8
+    straggler_min_demand: int = 4
     straggler_strikes: int = 3
     straggler_cooldown_ticks: int = 1000
     peer_order: tuple[tuple[int, ...], ...] = field(default=())

@@ -77,6 +77,7 @@ class MultiPaxosReplica(ReplicaBase):
         # Commands taken here and not yet known committed: (client, seq) -> None
         self._mine: dict[tuple, None] = {}
         self._queue: list[list] = []  # leader: commands waiting for a slot
+        self._queued: dict[tuple, None] = {}  # their (client, seq), to drop resends
         self._fwd_log: list[tuple[int, list]] = []  # (tick sent, cmds) for resends
         if records:
             self._replay(records)
@@ -123,9 +124,12 @@ class MultiPaxosReplica(ReplicaBase):
         if self.id != self.leader or self.phase != "normal":
             return
         batch_max = self.cfg.batch_max
+        queued = self._queued
         while self._queue and self.next_slot - self.committed < self.cfg.inflight_max:
             batch = self._queue[:batch_max]
             del self._queue[:batch_max]
+            for cmd in batch:
+                queued.pop((cmd[0], cmd[1]), None)
             self._append(batch)
 
     def _append(self, batch: list) -> None:
@@ -157,9 +161,19 @@ class MultiPaxosReplica(ReplicaBase):
         for cmd in m.cmds:
             if type(cmd) is not list or len(cmd) != 3:
                 return
-        if len(self._queue) < 1 << 20:
-            # Not ours to answer (the forwarder does); batched with ours.
-            self._queue.extend(m.cmds)
+        # Not ours to answer (the forwarder does); batched with ours. Forwarders resend
+        # until they see a commit, so drop what is already queued or executed.
+        sessions = self.executor.sessions
+        queued = self._queued
+        for cmd in m.cmds:
+            key = (cmd[0], cmd[1])
+            done = sessions.get(cmd[0])
+            if key in queued or (done is not None and type(cmd[1]) is int and cmd[1] <= done[0]):
+                continue
+            if len(self._queue) >= 1 << 20:
+                break
+            queued[key] = None
+            self._queue.append(cmd)
 
     # --- acceptors ------------------------------------------------------------------------
 
@@ -236,17 +250,26 @@ class MultiPaxosReplica(ReplicaBase):
             self.persist(["MC", j])
             self._execute()
 
+    def _answer_executed(self, key: tuple, session: list) -> None:
+        if key in self._blind:
+            del self._blind[key]
+            self._replies.append(Reply(key[0], key[1]))
+        elif key in self._needs_result and key[1] == session[0]:
+            del self._needs_result[key]
+            self._replies.append(Reply(key[0], key[1], session[1]))
+
     def _learned(self, batch: list | None) -> None:
         """A slot we hold is chosen: answer the blind writes we took."""
         if not batch or not self._mine:
             return
         mine = self._mine
-        needs = self._needs_result
+        blind = self._blind
         for client, seq, _op in batch:
             key = (client, seq)
             if key in mine:
                 del mine[key]
-                if key not in needs:
+                if key in blind:
+                    del blind[key]
                     self._replies.append(Reply(client, seq))
 
     @handles(_handlers, MCommit)
@@ -316,10 +339,22 @@ class MultiPaxosReplica(ReplicaBase):
         elif self._fwd_log and now - self._fwd_log[0][0] >= resend:
             # Forwarded commands not seen committed within the timeout: forward again.
             mine = self._mine
+            sessions = self.executor.sessions
             again = []
             while self._fwd_log and now - self._fwd_log[0][0] >= resend:
                 _, cmds = self._fwd_log.pop(0)
-                again.extend(cmd for cmd in cmds if (cmd[0], cmd[1]) in mine)
+                for cmd in cmds:
+                    key = (cmd[0], cmd[1])
+                    if key not in mine:
+                        continue
+                    done = sessions.get(cmd[0])
+                    if done is not None and type(cmd[1]) is int and cmd[1] <= done[0]:
+                        # Executed already (another copy committed before we took this
+                        # one): answer instead of resending forever.
+                        del mine[key]
+                        self._answer_executed(key, done)
+                    else:
+                        again.append(cmd)
             if again:
                 self.send(self.leader, Forward(self.view, again))
                 self._fwd_log.append((now, again))
@@ -346,9 +381,19 @@ class MultiPaxosReplica(ReplicaBase):
         self.prefix = self.committed
         self._advance_prefix()
         self._heard_from_leader()
-        # Commands we took and have not seen committed go to the new leader.
+        # Commands we took and have not seen committed go to the new leader; the ones
+        # others forwarded to us are theirs to resend.
         if self.leader != self.id:
             pending = [cmd for _, cmds in self._fwd_log for cmd in cmds if (cmd[0], cmd[1]) in self._mine]
+            pending += [cmd for cmd in self._queue if (cmd[0], cmd[1]) in self._mine]
+            # ... and those we had put in slots as leader that never committed: the new
+            # leader's log may not keep them.
+            for j in sorted(self.log):
+                slot = self.log[j]
+                if j >= self.committed and not slot.committed and slot.batch:
+                    pending += [cmd for cmd in slot.batch if (cmd[0], cmd[1]) in self._mine]
+            self._queue = []
+            self._queued = {}
             self._fwd_log = []
             if pending:
                 self.send(self.leader, Forward(view, pending))
@@ -454,6 +499,16 @@ class MultiPaxosReplica(ReplicaBase):
         if self.recover_end <= self.committed:
             self.phase = "normal"
         self.broadcast(Ping(self.view, self.now))
+
+    def idle(self) -> bool:
+        """Nothing pending, in flight or committed-but-unexecuted here."""
+        return (
+            not self._pending
+            and not self._queue
+            and not self._mine
+            and self.exec_slot >= self.committed
+            and (self.id != self.leader or self.committed >= self.next_slot)
+        )
 
     def status(self) -> dict:
         return {

@@ -36,6 +36,10 @@ from .statemachine import StateMachine
 
 # Ping.tick value of a plain liveness ping (not a sequencer heartbeat or a notice).
 ALIVE = -2
+# A peer judged slow is retried in quorums after this long without evidence.
+SLOW_PEER_MEMORY_TICKS = 500
+# Most commands a replica remembers it owes an answer (bounds memory).
+ANSWERS_MAX = 1 << 20
 
 
 class ReplicaBase:
@@ -66,18 +70,29 @@ class ReplicaBase:
         self._replies: list[Reply] = []
         self._executed: list[Executed] = []
         self._pending: list[list] = []  # commands not yet in an instance
-        self._needs_result: dict[tuple, None] = {}  # (client, seq) answered after execution
+        # Commands taken here, by how they are answered. Only what is listed gets an
+        # answer: after a restart, or once answered, a command is no longer ours to answer.
+        self._needs_result: dict[tuple, None] = {}  # (client, seq): after execution
+        self._blind: dict[tuple, None] = {}  # (client, seq): as soon as ready
         self._exec_out: list = []
         self.stats: dict[str, int] = {"proposed": 0, "instances": 0, "executed": 0}
         self.view = 0
         # Tick we last heard anything from each peer (failure suspicion).
         self.heard = [0] * cfg.n
+        # Ack delays per peer, in ticks: best ever, moving average, last sample.
+        self._ack_best = [1 << 30] * cfg.n
+        self._ack_ewma = [0.0] * cfg.n
+        self._ack_seen = [-1] * cfg.n
 
     # --- driver interface ---------------------------------------------------------
 
     def propose(self, client: Any, seq: int, op: Any, needs_result: bool = False) -> None:
-        if needs_result:
-            self._needs_result[(client, seq)] = None
+        table = self._needs_result if needs_result else self._blind
+        table[(client, seq)] = None
+        if len(table) > ANSWERS_MAX:
+            # A command whose instance was recovered as a no-op is never answered
+            # here; its client retries elsewhere. Forget the oldest such entry.
+            del table[next(iter(table))]
         self._pending.append([client, seq, op])
         self.stats["proposed"] += 1
 
@@ -136,10 +151,27 @@ class ReplicaBase:
         """Heard nothing from ``peer`` for an election timeout."""
         return peer != self.id and self.now - self.heard[peer] >= self.cfg.election_ticks
 
+    def note_ack_delay(self, peer: int, ticks: int) -> None:
+        """An accept we sent ``peer`` was acked after ``ticks`` (slow-peer detection)."""
+        if ticks < self._ack_best[peer]:
+            self._ack_best[peer] = ticks
+        self._ack_ewma[peer] = (3 * self._ack_ewma[peer] + ticks) / 4 if self._ack_seen[peer] >= 0 else float(ticks)
+        self._ack_seen[peer] = self.now
+
+    def slow(self, peer: int) -> bool:
+        """Acks from ``peer`` lately take far longer than its best (a straggler)."""
+        seen = self._ack_seen[peer]
+        if seen < 0 or self.now - seen > SLOW_PEER_MEMORY_TICKS:
+            return False  # no recent evidence: give it another chance
+        return self._ack_ewma[peer] > 3 * self._ack_best[peer] + 2
+
     def live_peers(self) -> list[int]:
-        """Peers nearest first, those we do not suspect before those we do."""
+        """Peers nearest first: healthy ones, then slow ones, then suspected ones."""
         peers = self.cfg.peer_order[self.id]
-        return [p for p in peers if not self.suspected(p)] + [p for p in peers if self.suspected(p)]
+        good, slow, dead = [], [], []
+        for p in peers:
+            (dead if self.suspected(p) else slow if self.slow(p) else good).append(p)
+        return good + slow + dead
 
     def persist(self, record: list) -> None:
         self._persist.append(record)
@@ -151,11 +183,12 @@ class ReplicaBase:
 
     def _reply_ready(self, cmds: list | None) -> None:
         """A batch became ready: answer its blind writes."""
-        if not cmds:
+        if not cmds or not self._blind:
             return
-        needs = self._needs_result
+        blind = self._blind
         for client, seq, _op in cmds:
-            if (client, seq) not in needs:
+            if (client, seq) in blind:
+                del blind[(client, seq)]
                 self._replies.append(Reply(client, seq))
 
     def _apply(self, slot: int, label: tuple, cmds: list | None) -> None:

@@ -106,7 +106,7 @@ class SafetyViolation(AssertionError):
 class CInst:
     """One C-instance as this replica knows it."""
 
-    __slots__ = ("ballot", "cmds", "committed", "acks", "sent_to", "sent_tick")
+    __slots__ = ("ballot", "cmds", "committed", "acks", "sent_to", "sent_tick", "born", "done")
 
     def __init__(self, ballot: int, cmds: list | None) -> None:
         self.ballot = ballot
@@ -115,6 +115,8 @@ class CInst:
         self.acks = 0  # bitmask of acceptors (proposer only)
         self.sent_to = 0  # bitmask of peers the accept went to (proposer only)
         self.sent_tick = 0
+        self.born = 0  # tick proposed (proposer only, straggler detection)
+        self.done = -1  # tick committed (proposer only)
 
 
 class OSlot:
@@ -201,6 +203,8 @@ class SDPaxosReplica(ReplicaBase):
         self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
+        # The last view in which we saw a sequencer serve (Fig. 7 needs who that was).
+        self._prev_view = self.view
         self._vote_tick = 0
         # Reads
         self._next_rid = 0
@@ -208,11 +212,15 @@ class SDPaxosReplica(ReplicaBase):
         self._reads_waiting: list[tuple[int, Any, int, Any]] = []  # (slot, client, seq, op)
         # Straggler detection
         self._window_start = 0
-        self._window_asked = 0
-        self._window_served = 0
+        self._window_total = 0  # ticks my instances took to become ready, this window
+        self._window_count = 0
+        self._best_ready = 1 << 30  # fastest ever: about one round trip to the quorum
+        self._window_served = 0  # O-slots naming me accepted this window
+        self._served_baseline = 0.0  # moving average over healthy windows
         self._strikes = 0
+        self._seems_slow = False
         self._straggler_votes: dict[int, None] = {}
-        self._last_view_change = 0
+        self._last_view_change = -cfg.straggler_cooldown_ticks
         # Execution of the merged log
         self.exec_slot = 0
         self.exec_inst = [0] * n
@@ -276,6 +284,7 @@ class SDPaxosReplica(ReplicaBase):
                 c.acks = 1 << self.id
                 self.unready[inst] = c  # re-proposed by the resend timer
         self._reset_prefix()
+        self._prev_view = self.view
         if self.id == self.sequencer:
             self._rebuild_sequencer_state(self.o_prefix)
         self._execute()
@@ -320,11 +329,10 @@ class SDPaxosReplica(ReplicaBase):
         self.next_inst += 1
         c = CInst(self.ballot, cmds)
         c.acks = 1 << self.id
-        c.sent_tick = self.now
+        c.sent_tick = c.born = self.now
         self.clog[self.id][inst] = c
         self.c_max[self.id] = inst
         self.unready[inst] = c
-        self._window_asked += 1
         self.stats["instances"] += 1
         self.persist(["C", self.id, inst, self.ballot, cmds])
         msg = CAccept(self.view, self.id, inst, self.ballot, cmds)
@@ -400,12 +408,15 @@ class SDPaxosReplica(ReplicaBase):
             return
         if m.ballot != c.ballot:
             return  # late, duplicate or for an older ballot: ignore (trap 4)
+        if c.sent_to >> src & 1 and not c.acks >> src & 1:
+            self.note_ack_delay(src, self.now - c.sent_tick)
         c.acks |= 1 << src
         if c.acks.bit_count() >= self.quorum:
             self._commit_c(self.id, m.inst, c)
 
     def _commit_c(self, leader: int, inst: int, c: CInst) -> None:
         c.committed = True
+        c.done = self.now
         self.persist(["CC", leader, inst])
         full = CCommit(self.view, leader, inst, c.ballot, True, c.cmds)
         short = CCommit(self.view, leader, inst, c.ballot, False, None)
@@ -647,11 +658,10 @@ class SDPaxosReplica(ReplicaBase):
                 if j < self.exec_slot and slot.leader != leader:
                     raise SafetyViolation(f"replica {me}: executed O-slot {j} ({slot.leader}) re-proposed as {leader}")
             slot = OSlot(leader, m.view)
-            if self.n == 5 and leader == me:
-                slot.fast = True  # Fig. 5 line 29: the CL commits on the O-accept
+            if leader == me:
                 self._window_served += 1
-            elif leader == me:
-                self._window_served += 1
+                if self.n == 5:
+                    slot.fast = True  # Fig. 5 line 29: the CL commits on the O-accept
             self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
@@ -786,6 +796,12 @@ class SDPaxosReplica(ReplicaBase):
         for inst in done:
             c = self.unready.pop(inst)
             self._reply_ready(c.cmds)
+            # Straggler detection: how long this instance took to become ready.
+            took = self.now - c.born
+            self._window_total += took
+            self._window_count += 1
+            if took < self._best_ready:
+                self._best_ready = took
 
     def _execute(self) -> None:
         oslots, clog, me = self.oslots, self.clog, self.id
@@ -904,7 +920,7 @@ class SDPaxosReplica(ReplicaBase):
         self._last_view_change = self.now
         self._strikes = 0
         self._straggler_votes = {}
-        self._heard_from_sequencer()
+        self.election_due = self._election_deadline()  # give the new sequencer time
         # Our unanswered instances need slots from the new sequencer: ask at once.
         for inst, c in self.unready.items():
             c.sent_tick = self.now
@@ -922,7 +938,10 @@ class SDPaxosReplica(ReplicaBase):
 
     def _heard_from_sequencer(self) -> None:
         self.last_heard = self.now
-        self.election_due = self._election_deadline()
+        if self.phase == "normal":
+            self._prev_view = self.view
+        if self.distrust_view != self.view:  # a judged straggler does not hold off elections
+            self.election_due = self._election_deadline()
 
     def _election_deadline(self) -> int:
         base = self.cfg.election_ticks
@@ -995,12 +1014,13 @@ class SDPaxosReplica(ReplicaBase):
                     best[j] = (leader, view, committed)
         log: dict[int, int] = {j: e[0] for j, e in best.items()}
         end = max(log) + 1 if log else base
-        if self.n == 5 and log:
+        if self.n == 5:
             self._fig7(base, log, best, voters)
-            end = max(log) + 1
+            end = max(log) + 1 if log else base
         leaders = [log.get(j, NOCL) for j in range(base, end)]
         # Become the sequencer of this view.
         self.phase = "recovering"
+        self._prev_view = self.view
         self.stats["elections"] += 1
         self._last_view_change = self.now
         for k, leader in enumerate(leaders):
@@ -1034,9 +1054,9 @@ class SDPaxosReplica(ReplicaBase):
         """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
         replica R_m that neither voted nor was the last sequencer; give them to R_m
         until it owns as many slots as C-instances a voter accepted from it."""
-        last_view = max((e[1] for e in best.values() if not e[2]), default=None)
-        if last_view is None:
-            return
+        # The last sequencer that may have proposed unseen slots: the highest view
+        # among the reported slots, or the view we knew before our candidacy.
+        last_view = max([e[1] for e in best.values() if not e[2]] + [self._prev_view])
         last_seq = ballot_owner(last_view)
         if last_seq in voters:
             return  # the last sequencer reported every slot it proposed: no blind spot
@@ -1054,7 +1074,7 @@ class SDPaxosReplica(ReplicaBase):
         while True:
             # Is R_m's needed-th slot there, with no empty O-instance before it?
             seen, first_empty, satisfied = below, None, False
-            for j in range(base, max(log) + 2):
+            for j in range(base, max(log, default=base - 1) + 2):
                 leader = log.get(j)
                 if leader is None:
                     if first_empty is None:
@@ -1068,7 +1088,7 @@ class SDPaxosReplica(ReplicaBase):
             if satisfied:
                 return
             if first_empty is None:
-                first_empty = max(log) + 1
+                first_empty = max(log, default=base - 1) + 1
             log[first_empty] = m  # propose R_m in the first empty O-instance
 
     def _rebuild_sequencer_state(self, end: int) -> None:
@@ -1130,21 +1150,47 @@ class SDPaxosReplica(ReplicaBase):
     # --- straggler detection (paper §4) ---------------------------------------------
 
     def _straggler_window(self) -> None:
-        asked = self._window_asked + len(self.unready)
-        served = self._window_served
-        self._window_asked = self._window_served = 0
-        self._window_start = self.now
+        """Paper §4: judge the sequencer by how well it serves my requests.
+
+        Closed-loop clients slow down with a slow sequencer, so counting O-accepts
+        against requests hides it, and a slow sequencer in the thrifty quorum slows
+        replication too. So compare, over the window, the mean time my instances take
+        to become ready (those still waiting count with their age) with the fastest
+        this replica has ever seen, which is about its round trip to the quorum and
+        the sequencer. Majority confirmation and the cooldown guard against misjudging
+        mere load.
+        """
+        now = self.now
+        total, count = self._window_total, self._window_count
+        for c in self.unready.values():
+            total += now - c.born
+            count += 1
+        self._window_total = self._window_count = 0
+        self._window_start = now
         if self.id == self.sequencer or self.phase != "normal":
             self._strikes = 0
             return
-        if asked >= self.cfg.straggler_min_demand and served * 2 < asked:
-            self._strikes += 1
-        else:
-            self._strikes = 0
-        cooled = self.now - self._last_view_change >= self.cfg.straggler_cooldown_ticks
+        enough = count >= self.cfg.straggler_min_demand
+        # Signal 1: instances take far longer to become ready than they ever did.
+        late = enough and total > count * (3 * self._best_ready + 2)
+        # Signal 2 (the paper's): O-slots served for me fell below half my recent
+        # healthy rate while I had commands waiting.
+        served, base = self._window_served, self._served_baseline
+        waiting = bool(self.unready)
+        starved = waiting and base >= self.cfg.straggler_min_demand and served * 2 < base
+        slow = late or starved
+        # Milder tests for agreeing with a peer that asks (it already saw 3 bad windows).
+        self._seems_slow = (enough and total > count * (2 * self._best_ready + 2)) or (
+            waiting and base >= self.cfg.straggler_min_demand and served * 10 < base * 7
+        )
+        if not slow:
+            self._served_baseline = served if base == 0 else (4 * base + served) / 5
+        self._window_served = 0
+        self._strikes = self._strikes + 1 if slow else 0
+        cooled = now - self._last_view_change >= self.cfg.straggler_cooldown_ticks
         if self._strikes >= self.cfg.straggler_strikes and cooled:
-            self._straggler_votes = {self.id: None}
-            self.broadcast(Straggler(self.view, True))
+            self._straggler_votes[self.id] = None
+            self.broadcast(Straggler(self.view, True))  # asked again every bad window
 
     @handles(_handlers, Straggler)
     def _on_straggler(self, src: int, m: Straggler) -> None:
@@ -1152,7 +1198,7 @@ class SDPaxosReplica(ReplicaBase):
             return
         if not m.slow:
             return
-        if self._strikes > 0 and self.id not in self._straggler_votes:
+        if (self._strikes > 0 or self._seems_slow) and self.id not in self._straggler_votes:
             self._straggler_votes[self.id] = None
             self.send(src, Straggler(self.view, True))
         if self.id in self._straggler_votes:
@@ -1288,6 +1334,17 @@ class SDPaxosReplica(ReplicaBase):
             self.send(src, CCommit(self.view, m.leader, inst, c.ballot, True, c.cmds))
 
     # --- observability ------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Nothing pending, in flight, blocked or ordered-but-unexecuted here."""
+        return (
+            not self.unready
+            and not self._pending
+            and not self.crec
+            and self._blocked_on is None
+            and self.exec_slot >= self.o_committed
+            and (self.id != self.sequencer or self.o_committed >= self.next_slot)
+        )
 
     def lease_valid(self) -> bool:
         return self.id == self.sequencer and self.phase == "normal" and self.now < self.lease_expiry

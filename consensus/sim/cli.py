@@ -8,6 +8,7 @@ import sys
 import click
 
 from .geo import sites_for
+from .scenarios import SCENARIOS, schedule
 from .simulator import PROTOCOLS, SimConfig, Simulation
 
 
@@ -37,6 +38,11 @@ def _resolve_sequencer(site: str | None, replicas: int, rtt: str, rtt_file: str 
 @click.option("--loss", type=click.FloatRange(0, 0.9), default=0.0, show_default=True)
 @click.option("--dup", type=click.FloatRange(0, 0.9), default=0.0, show_default=True)
 @click.option("--reads", "read_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Fraction of gets (answered after execution).")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="none", show_default=True, help="Fault schedule.")
+@click.option("--faults-seed", type=int, default=1, show_default=True, help="Seed of the random scenario.")
+@click.option("--heartbeat-ms", type=click.FloatRange(1, 60_000), default=500.0, show_default=True, help="Failure-detection timeout.")
+@click.option("--lease-ms", type=click.FloatRange(1, 60_000), default=500.0, show_default=True, help="Sequencer lease.")
+@click.option("--client-timeout-ms", type=click.FloatRange(0, 600_000), default=2000.0, show_default=True, help="Clients resend elsewhere after this (0: never).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sim(
     protocol: str,
@@ -54,6 +60,11 @@ def sim(
     loss: float,
     dup: float,
     read_fraction: float,
+    scenario: str,
+    faults_seed: int,
+    heartbeat_ms: float,
+    lease_ms: float,
+    client_timeout_ms: float,
     as_json: bool,
 ) -> None:
     """Run one seeded simulation of SDPaxos or Multi-Paxos and report latencies.
@@ -61,12 +72,13 @@ def sim(
     Same seed, same trace: the printed trace_hash identifies the run.
     """
     n = int(replicas)
+    sequencer = _resolve_sequencer(sequencer_site, n, rtt, rtt_file)
     cfg = SimConfig(
         protocol=protocol,
         replicas=n,
         rtt=rtt,
         rtt_file=rtt_file,
-        sequencer=_resolve_sequencer(sequencer_site, n, rtt, rtt_file),
+        sequencer=sequencer,
         clients_per_site=clients_per_site,
         seconds=seconds,
         seed=seed,
@@ -77,17 +89,44 @@ def sim(
         loss=loss,
         dup=dup,
         read_fraction=read_fraction,
+        heartbeat_ms=heartbeat_ms,
+        lease_ms=lease_ms,
+        client_timeout_ms=client_timeout_ms,
+        faults=schedule(scenario, n, sequencer, seconds, faults_seed),
     )
     try:
-        result = Simulation(cfg).run().summary()
+        simulation = Simulation(cfg).run()
+        result = simulation.summary()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    if scenario != "none":
+        result["scenario"] = scenario
+        result["faults"] = [list(f) for f in cfg.faults]
+        result["linearizable"] = simulation.linearizable()
+        if scenario == "straggler-sequencer":
+            result["throughput"] = straggler_figures(simulation)
     if as_json:
         click.echo(json.dumps(result))
     else:
         _print_table(result)
     if not result["consistent"] or result["lost_acked"] or result["duplicated"] or result["wrong_results"]:
         sys.exit(1)
+    if result.get("linearizable") is False:
+        sys.exit(1)
+
+
+def straggler_figures(simulation: Simulation) -> dict:
+    """Commits/s before the sequencer slowed, while it was slow, and after it was replaced."""
+    fault = simulation.first_fault_us or 0
+    changes = [t for t in simulation.view_change_times if t > fault]
+    replaced = changes[0] if changes else None
+    end = simulation.stop_us
+    return {
+        "before_per_s": simulation.throughput(max(0, fault - 2_000_000), fault),
+        "slow_per_s": simulation.throughput(fault, replaced if replaced else end),
+        "after_per_s": simulation.throughput(replaced + 500_000, end) if replaced else 0.0,
+        "replaced_after_ms": round((replaced - fault) / 1000, 1) if replaced else None,
+    }
 
 
 def _print_table(result: dict) -> None:
@@ -107,6 +146,20 @@ def _print_table(result: dict) -> None:
         f"committed {result['committed']} in {result['sim_seconds']} simulated s · consistent: {ok} · "
         f"lost acked: {result['lost_acked']} · duplicated: {result['duplicated']} · trace {result['trace_hash']}"
     )
+    if "scenario" in result:
+        lin = {True: "yes", False: "NO", None: "unknown"}[result["linearizable"]]
+        console.print(
+            f"scenario {result['scenario']}: stall {result['stall_ms']} ms · view changes {result['view_changes']} · "
+            f"linearizable: {lin}"
+        )
+        for t, *action in result["faults"][:12]:
+            console.print(f"  {t:>9} ms  {' '.join(str(a) for a in action)}")
+    if "throughput" in result:
+        tp = result["throughput"]
+        console.print(
+            f"throughput: {tp['before_per_s']}/s before · {tp['slow_per_s']}/s with the slow sequencer · "
+            f"{tp['after_per_s']}/s after it was replaced ({tp['replaced_after_ms']} ms after it slowed)"
+        )
 
 
 if __name__ == "__main__":
