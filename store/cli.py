@@ -15,6 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("consensus.sim.cli:sim", "Run one seeded simulation of SDPaxos or Multi-Paxos."),
     "check": ("jepsen_like.cli:check", "Check a history for linearizability."),
     "scheduler": ("scheduler_state.cli:scheduler", "HiveD scheduler state machine tools."),
+    "serve": ("store.server:serve", "Run one replica (config file or flags)."),
+    "up": ("store.server:up", "Start a local cluster on 127.0.0.1 until Ctrl-C."),
+    "demo": ("store.demo:demo", "Local cluster, live workload, sequencer killed and restarted."),
+    "bench": ("bench.cluster_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side."),
 }
 
 
@@ -49,3 +53,7 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="cellar")
 def main() -> None:
     """Cellar: a replicated control-plane state store built on SDPaxos."""
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,8 @@ checks out. The newest authenticated connection for a peer replaces an older one
 
 **Receiving.** ``on_messages(peer_id, msgs)`` runs on the event loop with every
 message decoded from one read, in order. It must not block; an exception from it is
-logged and counted (``callback_errors``), never fatal.
+logged and counted (``callback_errors``), never fatal; a ``ProtocolError`` from it
+(a well-framed but invalid message) closes that connection like a bad frame.
 
 **Errors.** A malformed, oversized or truncated frame or a bad hello (wrong cluster,
 unknown node, wrong version) aborts that connection only, logs a warning and bumps
@@ -125,7 +126,7 @@ class _PeerConnection(asyncio.Protocol):
             self.owner._authenticated(self)
         if msgs:
             assert self.peer_id is not None
-            self.owner._deliver(self.peer_id, msgs)
+            self.owner._deliver(self, self.peer_id, msgs)
 
     def eof_received(self) -> bool:
         self.eof_seen = True
@@ -380,10 +381,13 @@ class PeerTransport:
         self.stats[reason] += 1
         log.warning("peer connection %s (node %s) closed: %s (%s)", conn.peername, conn.peer_id, reason, detail)
 
-    def _deliver(self, peer_id: int, msgs: list[Any]) -> None:
+    def _deliver(self, conn: _PeerConnection, peer_id: int, msgs: list[Any]) -> None:
         self.stats["messages_received"] += len(msgs)
         try:
             self.on_messages(peer_id, msgs)
+        except ProtocolError as e:
+            # Well framed but not a valid message: the receiver's verdict closes it.
+            conn.fail(e.reason, e.detail)
         except Exception:
             self.stats["callback_errors"] += 1
             log.exception("on_messages callback raised for messages from node %d", peer_id)

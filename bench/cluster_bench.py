@@ -1,0 +1,144 @@
+"""``cellar bench``: write throughput and latency of a loopback cluster, SDPaxos and
+Multi-Paxos side by side in one run.
+
+Each round starts a fresh cluster per protocol (real ``cellar serve`` processes,
+fsync=batch by default), runs the same closed-loop load (many sessions, 16-byte
+values, blind writes) for the same time, and stops it. Protocols alternate order from
+round to round so that drift in the machine's load hits both alike; the figure that
+matters is the ratio, measured side by side. Nothing here asserts a time.
+
+    cellar bench                                   # 3 replicas, 512 sessions, 5 s, 2 rounds
+    cellar bench --sessions 1024 --seconds 10 --rounds 3 --json
+    cellar bench --plot bench.png                  # throughput and latency bars (matplotlib)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+
+import click
+
+from bench.loadgen import run_load
+from store.client import CellarClient
+from store.server import LocalCluster, install_loop, tune_gc
+
+PROTOCOLS = ("sdpaxos", "multipaxos")
+
+
+async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float, warmup: float,
+                  value_bytes: int, fsync: str) -> dict:
+    root = tempfile.mkdtemp(prefix=f"cellar-bench-{protocol}-")
+    cluster = LocalCluster(root, replicas, protocol=protocol, fsync=fsync, cluster_id="bench")
+    cluster.start_all()
+    try:
+        await cluster.await_ready()
+        async with CellarClient(cluster.client_addresses, timeout_s=5.0) as cellar:
+            # Wait until the cluster commits (peers connected, views settled).
+            await asyncio.wait_for(cellar.session().put("warm", "up"), 20)
+            if warmup:
+                await run_load(cellar, sessions=sessions, seconds=warmup, value_bytes=value_bytes, seed=7)
+            res = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, seed=1)
+            statuses = [await cellar.status(i) for i in range(replicas)]
+        fsyncs = sum(s["wal"]["fsyncs"] for s in statuses)
+        return {
+            "protocol": protocol,
+            "writes_per_s": round(res.throughput(), 1),
+            "p50_ms": round(res.percentile(0.50), 2),
+            "p99_ms": round(res.percentile(0.99), 2),
+            "errors": res.errors,
+            "ops": res.ops,
+            "fsyncs_per_s_per_node": round(fsyncs / replicas / (seconds + warmup + 1), 1),
+        }
+    finally:
+        cluster.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float, rounds: int, value_bytes: int,
+                    fsync: str, progress=print) -> dict:
+    runs: dict[str, list[dict]] = {p: [] for p in PROTOCOLS}
+    for r in range(rounds):
+        order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
+        for protocol in order:
+            m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
+                              value_bytes=value_bytes, fsync=fsync)
+            progress(f"round {r + 1} {protocol:10s} {m['writes_per_s']:>9.0f} writes/s  p50 {m['p50_ms']:6.2f} ms  "
+                     f"p99 {m['p99_ms']:6.2f} ms  errors {m['errors']}")
+            runs[protocol].append(m)
+    summary = {}
+    for protocol, ms in runs.items():
+        summary[protocol] = {
+            "writes_per_s": round(statistics.median(m["writes_per_s"] for m in ms), 1),
+            "p50_ms": round(statistics.median(m["p50_ms"] for m in ms), 2),
+            "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2),
+        }
+    ratios = [a["writes_per_s"] / b["writes_per_s"] for a, b in zip(runs["sdpaxos"], runs["multipaxos"]) if b["writes_per_s"]]
+    return {
+        "replicas": replicas, "sessions": sessions, "seconds": seconds, "rounds": rounds, "value_bytes": value_bytes,
+        "fsync": fsync, "runs": runs, "median": summary,
+        "throughput_ratio_sdpaxos_over_multipaxos": round(statistics.median(ratios), 3) if ratios else None,
+        "per_round_ratios": [round(x, 3) for x in ratios],
+    }
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    names = list(PROTOCOLS)
+    med = result["median"]
+    axes[0].bar(names, [med[p]["writes_per_s"] for p in names], color=["#2b8a3e", "#868e96"])
+    axes[0].set_ylabel("acknowledged writes/s")
+    axes[0].set_title(f"throughput (ratio {result['throughput_ratio_sdpaxos_over_multipaxos']})")
+    x = range(len(names))
+    axes[1].bar([i - 0.2 for i in x], [med[p]["p50_ms"] for p in names], width=0.4, label="p50")
+    axes[1].bar([i + 0.2 for i in x], [med[p]["p99_ms"] for p in names], width=0.4, label="p99")
+    axes[1].set_xticks(list(x), names)
+    axes[1].set_ylabel("ms")
+    axes[1].set_title("write latency")
+    axes[1].legend()
+    fig.suptitle(f"{result['replicas']} replicas, loopback, {result['sessions']} sessions, fsync={result['fsync']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+@click.command("bench")
+@click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
+@click.option("--sessions", type=click.IntRange(1, 100_000), default=512, show_default=True, help="Concurrent closed-loop clients.")
+@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True)
+@click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True)
+@click.option("--value-bytes", type=click.IntRange(8, 1 << 20), default=16, show_default=True)
+@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the medians.")
+def bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, as_json, plot_path) -> None:
+    """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run."""
+    install_loop()
+    tune_gc()
+    say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
+    result = asyncio.run(run_bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress=say))
+    if plot_path:
+        try:
+            plot(result, plot_path)
+        except ImportError:
+            click.echo("--plot needs matplotlib (pip install matplotlib)", err=True)
+            sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    med = result["median"]
+    click.echo("")
+    click.echo(f"median of {rounds} round(s), {replicas} replicas, {sessions} sessions, {value_bytes}-byte values, fsync={fsync}")
+    for p in PROTOCOLS:
+        click.echo(f"  {p:10s} {med[p]['writes_per_s']:>9.0f} writes/s  p50 {med[p]['p50_ms']:6.2f} ms  p99 {med[p]['p99_ms']:6.2f} ms")
+    click.echo(f"  SDPaxos / Multi-Paxos throughput: {result['throughput_ratio_sdpaxos_over_multipaxos']}x "
+               f"(per round: {result['per_round_ratios']})")

@@ -1,0 +1,100 @@
+"""Closed-loop load against a running cluster: many sessions, latencies recorded.
+
+Used by ``cellar bench`` and ``cellar demo``. Every loop is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+from store.client import CellarClient, CellarError
+
+
+@dataclass
+class LoadResult:
+    ops: int = 0
+    errors: int = 0
+    reads: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    completions: list[float] = field(default_factory=list)  # monotonic completion times
+    seconds: float = 0.0
+    acked_writes: dict = field(default_factory=dict)  # key -> last acknowledged value, per session key
+
+    def throughput(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        data = sorted(self.latencies_ms)
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+    def longest_gap_ms(self, start: float, end: float) -> float:
+        """Longest interval in [start, end] without a completed operation."""
+        times = sorted(t for t in self.completions if start <= t <= end)
+        points = [start, *times, end]
+        return max((b - a) * 1000 for a, b in zip(points, points[1:])) if len(points) > 1 else 0.0
+
+
+async def run_load(
+    cellar: CellarClient,
+    *,
+    sessions: int,
+    seconds: float,
+    value_bytes: int = 16,
+    read_fraction: float = 0.0,
+    keys: int = 1000,
+    seed: int = 1,
+    record_completions: bool = False,
+    on_progress=None,
+) -> LoadResult:
+    """``sessions`` closed-loop clients for ``seconds``; each writes its own keys (so the
+    last acknowledged value of each key is known) and reads random ones."""
+    result = LoadResult()
+    value = "x" * max(0, value_bytes - 8)
+    stop_at = time.monotonic() + seconds
+    lat = result.latencies_ms
+    comp = result.completions
+    acked = result.acked_writes
+
+    async def one(idx: int) -> None:
+        rng = random.Random(seed * 100_003 + idx)
+        s = cellar.session()
+        n = 0
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                if read_fraction and rng.random() < read_fraction:
+                    await s.get(f"s{rng.randrange(sessions)}k{rng.randrange(keys)}")
+                    result.reads += 1
+                else:
+                    key = f"s{idx}k{rng.randrange(keys)}"
+                    val = f"{n:08d}{value}"
+                    await s.put(key, val)
+                    acked[key] = val
+                    n += 1
+            except (CellarError, ConnectionError, TimeoutError):
+                result.errors += 1
+                continue
+            t1 = time.perf_counter()
+            lat.append((t1 - t0) * 1000)
+            result.ops += 1
+            if record_completions:
+                comp.append(time.monotonic())
+
+    async def progress() -> None:
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(0.25)
+            on_progress(result)
+
+    t_start = time.monotonic()
+    tasks = [asyncio.create_task(one(i)) for i in range(sessions)]
+    if on_progress is not None:
+        tasks.append(asyncio.create_task(progress()))
+    # Each session stops at the deadline; its last command may wait for the client's own deadline.
+    await asyncio.wait_for(asyncio.gather(*tasks), seconds + cellar.deadline_s + 5)
+    result.seconds = time.monotonic() - t_start
+    return result

@@ -1,0 +1,230 @@
+"""The async client: many logical sessions multiplexed over one connection per node.
+
+::
+
+    async with CellarClient([("127.0.0.1", 7100), ("127.0.0.1", 7101), ...]) as cellar:
+        s = cellar.session()            # a logical client: its own id and seq numbers
+        await s.put("k", "v")           # answered once it cannot be lost
+        await s.get("k")                # linearizable read (sequencer lease or the log)
+        await s.cas("k", "v", "w")      # True / False, with the execution result
+        await cellar.status(0)          # node 0's status dict (view, digest, WAL, ...)
+
+A session sends one command at a time. On a timeout or a lost connection it resends
+the *same* ``(client, seq)`` to the next node, so a command is applied at most once
+(the replicas' executor drops duplicates) and at least once while the cluster is up.
+Requests issued in one loop turn travel to a node as one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from consensus.runtime import clientwire
+from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
+
+
+class CellarError(Exception):
+    """The cluster answered with an error (a bad operation, say)."""
+
+
+class Unavailable(CellarError):
+    """No node answered within the deadline."""
+
+
+class _NodeConn(asyncio.Protocol):
+    """One connection to one node; requests batched per loop turn, replies by (client, seq)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self.pending: dict[tuple, asyncio.Future] = {}
+        self.queue: list = []
+        self.closed = False
+        self._flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError:
+            self.transport.abort()
+            return
+        pending = self.pending
+        for frame in frames:
+            if type(frame) is not list:
+                continue
+            for item in frame:
+                if type(item) is list and len(item) == 4:
+                    fut = pending.pop((item[0], item[1]), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((item[2], item[3]))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        err = ConnectionError("connection to the node was lost")
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pending.clear()
+
+    def submit(self, kind: int, client: Any, seq: int, op: Any) -> asyncio.Future:
+        if self.closed:
+            raise ConnectionError("connection is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        old = self.pending.get((client, seq))
+        if old is not None and not old.done():
+            old.cancel()
+        self.pending[(client, seq)] = fut
+        self.queue.append([kind, client, seq, op])
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.queue and not self.closed:
+            self.transport.write(encode_frame(self.queue))
+        self.queue = []
+
+
+class CellarClient:
+    def __init__(
+        self,
+        addresses: list[tuple[str, int]],
+        *,
+        timeout_s: float = 2.0,
+        deadline_s: float = 30.0,
+        connect_timeout_s: float = 1.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one node address is needed")
+        self.addresses = list(addresses)
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
+        self.connect_timeout_s = connect_timeout_s
+        self._conns: dict[int, _NodeConn] = {}
+        self._connecting: dict[int, asyncio.Task] = {}
+        self._rng = random.Random()
+        self._next_node = 0
+        self._default: Session | None = None
+
+    async def __aenter__(self) -> CellarClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            if conn.transport is not None:
+                conn.transport.close()
+        self._conns.clear()
+
+    def session(self, node: int | None = None, client_id: int | None = None) -> Session:
+        """A new logical client, by default on the nodes in turn (spreading the load)."""
+        if node is None:
+            node = self._next_node
+            self._next_node = (self._next_node + 1) % len(self.addresses)
+        return Session(self, client_id if client_id is not None else self._rng.getrandbits(62), node)
+
+    async def connection(self, node: int) -> _NodeConn:
+        conn = self._conns.get(node)
+        if conn is not None and not conn.closed:
+            return conn
+        task = self._connecting.get(node)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._connect(node))
+            self._connecting[node] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._connecting.pop(node, None)
+
+    async def _connect(self, node: int) -> _NodeConn:
+        host, port = self.addresses[node]
+        async with asyncio.timeout(self.connect_timeout_s):
+            _, conn = await asyncio.get_running_loop().create_connection(_NodeConn, host, port)
+        self._conns[node] = conn
+        return conn
+
+    async def call_once(self, node: int, kind: int, client: Any, seq: int, op: Any) -> Any:
+        """One attempt at one node; raises on timeout or a lost connection."""
+        conn = await self.connection(node)
+        status, result = await asyncio.wait_for(conn.submit(kind, client, seq, op), self.timeout_s)
+        if status != clientwire.OK:
+            raise CellarError(str(result))
+        return result
+
+    async def status(self, node: int) -> dict:
+        return await self.call_once(node, clientwire.STATUS, 0, 0, None)
+
+    # Convenience: one default session.
+    def _session(self) -> Session:
+        if self._default is None:
+            self._default = self.session()
+        return self._default
+
+    async def put(self, key: Any, value: Any) -> None:
+        await self._session().put(key, value)
+
+    async def get(self, key: Any) -> Any:
+        return await self._session().get(key)
+
+    async def cas(self, key: Any, expected: Any, new: Any) -> bool:
+        return await self._session().cas(key, expected, new)
+
+
+class Session:
+    """One logical client: commands one at a time, retried under the same seq."""
+
+    def __init__(self, cellar: CellarClient, client_id: int, node: int) -> None:
+        self.cellar = cellar
+        self.client_id = client_id
+        self.node = node
+        self.seq = 0
+        self.retries = 0
+
+    async def request(self, kind: int, op: Any) -> Any:
+        self.seq += 1
+        seq = self.seq
+        cellar = self.cellar
+        deadline = time.monotonic() + cellar.deadline_s
+        backoff = 0.01
+        while True:
+            try:
+                return await cellar.call_once(self.node, kind, self.client_id, seq, op)
+            except CellarError as e:
+                if not str(e).startswith("busy"):
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(0.5, backoff * 2)
+            except (ConnectionError, OSError, TimeoutError, asyncio.TimeoutError):
+                # Try the next node with the same seq: applied at most once.
+                self.node = (self.node + 1) % len(cellar.addresses)
+                self.retries += 1
+                await asyncio.sleep(min(backoff, 0.05))
+            if time.monotonic() > deadline:
+                raise Unavailable(f"no node answered command {seq} within {cellar.deadline_s:.0f} s")
+
+    async def put(self, key: Any, value: Any) -> None:
+        await self.request(clientwire.WRITE, ["put", key, value])
+
+    async def get(self, key: Any) -> Any:
+        return await self.request(clientwire.READ, ["get", key])
+
+    async def cas(self, key: Any, expected: Any, new: Any) -> bool:
+        return await self.request(clientwire.CALL, ["cas", key, expected, new])
+
+    async def append(self, key: Any, suffix: str) -> str:
+        return await self.request(clientwire.CALL, ["append", key, suffix])
+
+    async def delete(self, key: Any) -> bool:
+        return await self.request(clientwire.CALL, ["delete", key])

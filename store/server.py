@@ -1,0 +1,358 @@
+"""``cellar serve`` (one replica process) and ``cellar up`` (a local cluster).
+
+``cellar serve`` takes a TOML file or flags::
+
+    cellar serve --id 0 --listen 127.0.0.1:7000 --client 127.0.0.1:7100 \\
+        --peers 0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002 --data-dir data/n0
+
+    # node0.toml
+    id = 0
+    cluster_id = "prod-a"
+    data_dir = "data/n0"
+    client = "127.0.0.1:7100"
+    protocol = "sdpaxos"      # or "multipaxos"
+    fsync = "batch"           # always | batch | never
+    [peers]
+    0 = "127.0.0.1:7000"
+    1 = "127.0.0.1:7001"
+    2 = "127.0.0.1:7002"
+
+Flags override the file. Every configuration error is one line on stderr and exit
+status 2. SIGTERM and SIGINT stop the node cleanly (the WAL is synced and closed).
+
+``cellar up --replicas 3`` starts that many ``cellar serve`` processes on 127.0.0.1
+with data under one folder, prints where each listens, and stops them on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from typing import Any
+
+import click
+
+from consensus.runtime.node import Node, NodeConfig, NodeError
+
+log = logging.getLogger("cellar.server")
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host:
+        raise NodeError(f"{what} {text!r} must be HOST:PORT")
+    try:
+        value = int(port)
+    except ValueError:
+        raise NodeError(f"{what} {text!r}: port {port!r} is not a number") from None
+    if not 0 <= value <= 65535:
+        raise NodeError(f"{what} {text!r}: port out of range")
+    return host, value
+
+
+def parse_peers(spec: Any) -> dict[int, tuple[str, int]]:
+    """``0=h:p,1=h:p`` or a TOML table ``{"0": "h:p"}``."""
+    items: list[tuple[str, str]]
+    if isinstance(spec, dict):
+        items = [(str(k), str(v)) for k, v in spec.items()]
+    else:
+        items = []
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            node, sep, addr = part.partition("=")
+            if not sep:
+                raise NodeError(f"peer {part!r} must be ID=HOST:PORT")
+            items.append((node.strip(), addr.strip()))
+    peers: dict[int, tuple[str, int]] = {}
+    for node, addr in items:
+        try:
+            nid = int(node)
+        except ValueError:
+            raise NodeError(f"peer id {node!r} is not a number") from None
+        if nid in peers:
+            raise NodeError(f"peer {nid} is listed twice")
+        peers[nid] = parse_address(addr, f"peer {nid} address")
+    if not peers:
+        raise NodeError("no peers given (--peers 0=HOST:PORT,1=HOST:PORT,...)")
+    return peers
+
+
+def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConfig:
+    raw: dict[str, Any] = {}
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as e:
+            raise NodeError(f"cannot read config {config_file}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise NodeError(f"config {config_file} is not valid TOML: {e}") from None
+    known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
+             "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
+             "sequencer"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    for required in ("id", "peers", "data_dir"):
+        if required not in raw:
+            raise NodeError(f"missing setting {required!r} (flag --{required.replace('_', '-')} or the config file)")
+    peers = parse_peers(raw["peers"])
+    try:
+        node_id = int(raw["id"])
+    except (TypeError, ValueError):
+        raise NodeError(f"id {raw['id']!r} is not a number") from None
+    if node_id not in peers:
+        raise NodeError(f"node {node_id} is not in the peer list {sorted(peers)} (unknown peer)")
+    if "listen" in raw and parse_address(raw["listen"], "listen address") != peers[node_id]:
+        listen = parse_address(raw["listen"], "listen address")
+        peers[node_id] = listen
+    host, port = peers[node_id]
+    client = parse_address(raw["client"], "client address") if raw.get("client") else (host, port + 100)
+    cfg = NodeConfig(node_id=node_id, peers=peers, client_address=client, data_dir=str(raw["data_dir"]))
+    for key, attr, typ in (("protocol", "protocol", str), ("fsync", "fsync", str), ("cluster_id", "cluster_id", str),
+                           ("tick_ms", "tick_ms", float), ("heartbeat_ms", "heartbeat_ms", float),
+                           ("election_ms", "election_ms", float), ("lease_ms", "lease_ms", float),
+                           ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
+                           ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int)):
+        if key in raw:
+            try:
+                setattr(cfg, attr, typ(raw[key]))
+            except (TypeError, ValueError):
+                raise NodeError(f"setting {key} = {raw[key]!r} is not a valid {typ.__name__}") from None
+    cfg.validate()
+    return cfg
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper collections: the hot path allocates many short-lived lists, and a
+    full collection over a large recovered state would stall every client at once."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
+
+
+async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
+    node = Node(cfg)
+    node.open()
+    tune_gc()
+    await node.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+    if ready_file:
+        tmp = ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
+        os.replace(tmp, ready_file)
+    await node.stopped.wait()
+    return 1 if node._failed is not None else 0
+
+
+def install_loop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+@click.command("serve")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--id", "node_id", type=int, help="This replica's id (0..N-1).")
+@click.option("--listen", help="Peer address HOST:PORT (default: this id's entry in --peers).")
+@click.option("--client", "client", help="Client address HOST:PORT (default: peer port + 100).")
+@click.option("--peers", help="Every replica: 0=HOST:PORT,1=HOST:PORT,...")
+@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]))
+@click.option("--fsync", type=click.Choice(["always", "batch", "never"]))
+@click.option("--cluster-id", help="Refuse peers and data dirs of another cluster.")
+@click.option("--sequencer", type=int, help="Initial sequencer (leader) id.")
+@click.option("--snapshot-every", type=int, help="Executed slots between snapshots (0: never).")
+@click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
+@click.option("--log-level", default="warning", show_default=True)
+def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
+          snapshot_every, ready_file, log_level) -> None:
+    """Run one replica."""
+    logging.basicConfig(level=getattr(logging, str(log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(config_file, {
+            "id": node_id, "listen": listen, "client": client, "peers": peers, "data_dir": data_dir,
+            "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
+            "snapshot_every": snapshot_every,
+        })
+        install_loop()
+        code = asyncio.run(run_node(cfg, ready_file))
+    except NodeError as e:
+        click.echo(f"cellar serve: {e}", err=True)
+        sys.exit(2)
+    sys.exit(code)
+
+
+# --- local clusters -------------------------------------------------------------------
+
+
+class LocalCluster:
+    """``cellar serve`` processes on 127.0.0.1 (used by ``up``, ``demo``, ``bench`` and tests)."""
+
+    def __init__(self, root: str, replicas: int = 3, *, base_port: int | None = None, protocol: str = "sdpaxos",
+                 fsync: str = "batch", cluster_id: str = "local", extra_args: list[str] | None = None,
+                 log_level: str = "warning") -> None:
+        self.root = root
+        self.n = replicas
+        self.protocol = protocol
+        self.fsync = fsync
+        self.cluster_id = cluster_id
+        self.extra_args = extra_args or []
+        self.log_level = log_level
+        ports = free_ports(2 * replicas) if base_port is None else [base_port + i for i in range(replicas)] + [
+            base_port + 100 + i for i in range(replicas)]
+        self.peer_ports = ports[:replicas]
+        self.client_ports = ports[replicas:]
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    @property
+    def peers_spec(self) -> str:
+        return ",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(self.peer_ports))
+
+    @property
+    def client_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", p) for p in self.client_ports]
+
+    def data_dir(self, i: int) -> str:
+        return os.path.join(self.root, f"node{i}")
+
+    def command(self, i: int) -> list[str]:
+        return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec,
+                "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
+                "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
+                "--ready-file", self._ready_file(i), "--log-level", self.log_level, *self.extra_args]
+
+    def _ready_file(self, i: int) -> str:
+        return os.path.join(self.root, f"node{i}.ready")
+
+    def start(self, i: int) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        try:
+            os.unlink(self._ready_file(i))
+        except FileNotFoundError:
+            pass
+        logf = open(os.path.join(self.root, f"node{i}.log"), "ab")
+        self.procs[i] = subprocess.Popen(self.command(i), stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        logf.close()
+
+    def start_all(self) -> None:
+        for i in range(self.n):
+            self.start(i)
+
+    def wait_ready(self, i: int | None = None, timeout_s: float = 20.0) -> None:
+        nodes = range(self.n) if i is None else [i]
+        deadline = time.monotonic() + timeout_s
+        for j in nodes:
+            while not os.path.exists(self._ready_file(j)):
+                proc = self.procs.get(j)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"node {j} exited with status {proc.returncode}: {self.log_tail(j)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {j} did not start within {timeout_s} s: {self.log_tail(j)}")
+                time.sleep(0.02)
+
+    async def await_ready(self, i: int | None = None, timeout_s: float = 20.0) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.wait_ready, i, timeout_s)
+
+    def log_tail(self, i: int, lines: int = 5) -> str:
+        try:
+            with open(os.path.join(self.root, f"node{i}.log"), errors="replace") as f:
+                return " | ".join(f.read().strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(i)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=10)
+
+    def stop(self, i: int, timeout_s: float = 10.0) -> None:
+        proc = self.procs.get(i)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for i in list(self.procs):
+            self.stop(i)
+
+    def alive(self, i: int) -> bool:
+        proc = self.procs.get(i)
+        return proc is not None and proc.poll() is None
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel hands out now (a small race with other programs is possible)."""
+    import socket
+
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+@click.command("up")
+@click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
+@click.option("--dir", "root", type=click.Path(file_okay=False), help="Folder for data dirs and logs (default: a new temp dir).")
+@click.option("--base-port", type=int, default=7000, show_default=True, help="Peers on BASE+i, clients on BASE+100+i.")
+@click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]), default="sdpaxos", show_default=True)
+@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
+def up(replicas, root, base_port, protocol, fsync) -> None:
+    """Start a local cluster on 127.0.0.1 until Ctrl-C."""
+    root = root or tempfile.mkdtemp(prefix="cellar-up-")
+    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync)
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+    except (RuntimeError, TimeoutError) as e:
+        cluster.stop_all()
+        click.echo(f"cellar up: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}); data and logs in {root}")
+    for i in range(replicas):
+        click.echo(f"  node {i}: pid {cluster.procs[i].pid}, clients 127.0.0.1:{cluster.client_ports[i]}, "
+                   f"peers 127.0.0.1:{cluster.peer_ports[i]}")
+    addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
+    click.echo(f"Reach it from Python: CellarClient([...]) from store.client with {addrs}")
+    click.echo("Ctrl-C stops every node.")
+    try:
+        while all(cluster.alive(i) for i in range(replicas)):
+            time.sleep(0.5)
+        dead = [i for i in range(replicas) if not cluster.alive(i)]
+        click.echo(f"node(s) {dead} exited; stopping the cluster", err=True)
+    except KeyboardInterrupt:
+        click.echo("stopping...")
+    finally:
+        cluster.stop_all()
