@@ -21,7 +21,8 @@ class LoadResult:
     latencies_ms: list[float] = field(default_factory=list)
     completions: list[float] = field(default_factory=list)  # monotonic completion times
     seconds: float = 0.0
-    acked_writes: dict = field(default_factory=dict)  # key -> last acknowledged value, per session key
+    acked_writes: dict = field(default_factory=dict)  # key -> last acknowledged value (each key has one writer)
+    uncertain: set = field(default_factory=set)  # keys with a write whose outcome is unknown
 
     def throughput(self) -> float:
         return self.ops / self.seconds if self.seconds else 0.0
@@ -73,9 +74,16 @@ async def run_load(
                 else:
                     key = f"s{idx}k{rng.randrange(keys)}"
                     val = f"{n:08d}{value}"
-                    await s.put(key, val)
-                    acked[key] = val
                     n += 1
+                    try:
+                        await s.put(key, val)
+                    except BaseException:
+                        # It may still land later: the key's final value is unknown.
+                        acked.pop(key, None)
+                        result.uncertain.add(key)
+                        raise
+                    if key not in result.uncertain:
+                        acked[key] = val
             except (CellarError, ConnectionError, TimeoutError):
                 result.errors += 1
                 continue
