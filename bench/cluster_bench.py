@@ -7,7 +7,7 @@ values, blind writes) for the same time, and stops it. Protocols alternate order
 round to round so that drift in the machine's load hits both alike; the figure that
 matters is the ratio, measured side by side. Nothing here asserts a time.
 
-    cellar bench                                   # 3 replicas, 512 sessions, 5 s, 2 rounds
+    cellar bench                                   # 3 replicas, 256 sessions, 5 s, 2 rounds
     cellar bench --sessions 1024 --seconds 10 --rounds 3 --json
     cellar bench --plot bench.png                  # throughput and latency bars (matplotlib)
 """
@@ -110,9 +110,19 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _print_summary(result: dict) -> None:
+    med = result["median"]
+    click.echo("")
+    click.echo(f"median of {result['rounds']} round(s), {result['replicas']} replicas, {result['sessions']} sessions, {result['value_bytes']}-byte values, fsync={result['fsync']}")
+    for p in PROTOCOLS:
+        click.echo(f"  {p:10s} {med[p]['writes_per_s']:>9.0f} writes/s  p50 {med[p]['p50_ms']:6.2f} ms  p99 {med[p]['p99_ms']:6.2f} ms")
+    click.echo(f"  SDPaxos / Multi-Paxos throughput: {result['throughput_ratio_sdpaxos_over_multipaxos']}x "
+               f"(per round: {result['per_round_ratios']})")
+
+
 @click.command("bench")
 @click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
-@click.option("--sessions", type=click.IntRange(1, 100_000), default=512, show_default=True, help="Concurrent closed-loop clients.")
+@click.option("--sessions", type=click.IntRange(1, 100_000), default=256, show_default=True, help="Concurrent closed-loop clients.")
 @click.option("--seconds", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True)
 @click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True)
 @click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True)
@@ -126,19 +136,14 @@ def bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, as_js
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
     result = asyncio.run(run_bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress=say))
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        _print_summary(result)
     if plot_path:
         try:
             plot(result, plot_path)
         except ImportError:
-            click.echo("--plot needs matplotlib (pip install matplotlib)", err=True)
+            click.echo("--plot needs matplotlib: python3 -m pip install -e '.[bench]'", err=True)
             sys.exit(2)
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    med = result["median"]
-    click.echo("")
-    click.echo(f"median of {rounds} round(s), {replicas} replicas, {sessions} sessions, {value_bytes}-byte values, fsync={fsync}")
-    for p in PROTOCOLS:
-        click.echo(f"  {p:10s} {med[p]['writes_per_s']:>9.0f} writes/s  p50 {med[p]['p50_ms']:6.2f} ms  p99 {med[p]['p99_ms']:6.2f} ms")
-    click.echo(f"  SDPaxos / Multi-Paxos throughput: {result['throughput_ratio_sdpaxos_over_multipaxos']}x "
-               f"(per round: {result['per_round_ratios']})")
+        click.echo(f"plot written to {plot_path}", err=as_json)
