@@ -14,7 +14,8 @@ Naming follows the SDPaxos paper (``../shared/papers``):
   (cumulative: "I accepted every slot below ``prefix`` in this view") / ``OCommit``
   (cumulative committed prefix, carrying the values a peer may lack).
 - Multi-Paxos baseline: ``Forward`` / ``MAccept`` / ``MAck`` / ``MCommit``.
-- Catch-up: ``Fetch`` asks for committed state a replica lacks.
+- Catch-up: ``Fetch`` asks for committed state a replica lacks; ``Compacted``
+  answers anything that needs log entries a snapshot replaced ("fetch my snapshot").
 
 ``decode_envelope`` validates shape and field types and raises
 ``RemoteProtocolError`` on anything malformed, so a runtime can close only the
@@ -229,6 +230,20 @@ class Fetch(Message):
     """Ask a peer for C-instance ``inst`` of ``leader`` (committed value) — catch-up."""
 
     view: int
+    leader: int
+    inst: int
+
+
+@_message(31, _INT, _INT, _INT, _INT)
+class Compacted(Message):
+    """The sender's log below its snapshot floor is gone: O-slots below ``slot`` and
+    C-instances of ``leader`` below ``inst`` (``leader`` -1: the notice is about
+    O-slots only). Everything below is chosen and executed there; a receiver that
+    has not executed through ``slot`` must fetch the sender's snapshot, never treat
+    the silence as "nothing accepted"."""
+
+    view: int
+    slot: int
     leader: int
     inst: int
 

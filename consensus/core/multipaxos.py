@@ -53,7 +53,11 @@ class MultiPaxosReplica(ReplicaBase):
         sm: StateMachine,
         records: list | None = None,
         rng: random.Random | None = None,
+        snapshot: tuple[dict, bytes] | None = None,
     ) -> None:
+        if snapshot is not None:
+            # No compaction here: take_snapshot() is None, so no driver stores one.
+            raise ValueError("multipaxos replicas restart from their records, not a snapshot")
         super().__init__(node_id, cfg, sm, records, rng)
         self.view = cfg.initial_view
         self.leader = ballot_owner(self.view)

@@ -10,6 +10,12 @@ The contract, in the order the driver must follow (as etcd raft's ``Ready``):
 3. **deliver** ``replies`` to the clients that proposed them.
 4. ``executed`` reports what was applied to the state machine, in global order, for
    observers (simulator checks, metrics); the driver need not act on it.
+5. ``snapshot_from``: when not None, the replica needs log entries that peer
+   ``snapshot_from`` compacted away. Fetch that peer's latest stored snapshot
+   ``(meta, state)`` (asynchronously; dropping the request is fine, the replica asks
+   again) and, when it arrives, follow ``install_snapshot``'s steps
+   (``consensus.core.sdpaxos``): ``install_snapshot`` → store durably → ``compact``
+   → rewrite the WAL with the live records, before the next ``ready()``.
 
 A driver that cannot persist (disk full, I/O error) must stop the replica rather than
 send: sending without persisting breaks the protocol's safety argument.
@@ -47,6 +53,8 @@ class Ready:
     messages: list = field(default_factory=list)
     replies: list = field(default_factory=list)
     executed: list = field(default_factory=list)
+    # Fetch the latest snapshot of this peer (a needed log entry was compacted there).
+    snapshot_from: int | None = None
 
     def empty(self) -> bool:
-        return not (self.persist or self.messages or self.replies or self.executed)
+        return not (self.persist or self.messages or self.replies or self.executed or self.snapshot_from is not None)

@@ -14,6 +14,18 @@ the seeded ``random.Random`` it is given. Its driver (the simulator in
 - ``ready() -> Ready``: collect the effects produced so far and clear them. The
   driver persists, then sends, then replies — see ``consensus.core.ready``.
 
+Snapshots and log compaction (SDPaxos; Multi-Paxos answers None/False):
+
+- ``__init__(..., records, snapshot=(meta, state))``: restart from the latest stored
+  snapshot plus the durable records; records the snapshot covers are skipped.
+- ``take_snapshot() -> (meta, state) | None``: the state at the execution point (pure).
+- ``compact(meta) -> live records``: after the driver stored ``meta``'s snapshot.
+- ``install_snapshot(meta, state) -> bool``: adopt a peer's snapshot
+  (``Ready.snapshot_from`` asked for it).
+
+The exact contracts, and the order the driver must follow, are in
+``consensus.core.sdpaxos``.
+
 Proposals are batched: commands proposed between two ``ready()`` calls go into one
 instance (up to ``batch_max``), and while ``inflight_max`` instances are still
 unanswered further commands wait, so batches grow with load and cost nothing when
@@ -54,6 +66,7 @@ class ReplicaBase:
         sm: StateMachine,
         records: list | None = None,
         rng: random.Random | None = None,
+        snapshot: tuple[dict, bytes] | None = None,
     ) -> None:
         if not 0 <= node_id < cfg.n:
             raise ValueError(f"node id {node_id} outside 0..{cfg.n - 1}")
@@ -83,6 +96,12 @@ class ReplicaBase:
         self._ack_best = [1 << 30] * cfg.n
         self._ack_ewma = [0.0] * cfg.n
         self._ack_seen = [-1] * cfg.n
+        self._snapshot_from: int | None = None  # Ready.snapshot_from, one-shot
+        if snapshot is not None:
+            meta, state = snapshot
+            if type(meta) is not dict or meta.get("protocol") != self.protocol:
+                raise ValueError(f"snapshot of protocol {meta.get('protocol') if type(meta) is dict else meta!r}, not {self.protocol}")
+            self.executor.restore(state)
 
     # --- driver interface ---------------------------------------------------------
 
@@ -128,12 +147,23 @@ class ReplicaBase:
                 msgs = lazy + msgs
             if msgs:
                 messages.append((dst, msgs))
-        rd = Ready(self._persist, messages, self._replies, self._executed)
+        rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from)
+        self._snapshot_from = None
         self._out = {}
         self._persist = []
         self._replies = []
         self._executed = []
         return rd
+
+    def take_snapshot(self) -> tuple[dict, bytes] | None:
+        """The state at the execution point, or None if the protocol cannot compact."""
+        return None
+
+    def compact(self, meta: dict) -> list:
+        raise NotImplementedError(f"{self.protocol} does not compact its log")
+
+    def install_snapshot(self, meta: dict, state: bytes) -> bool:
+        return False
 
     # --- helpers for protocols ------------------------------------------------------
 

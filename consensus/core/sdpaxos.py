@@ -56,6 +56,45 @@ Durable records (``Ready.persist``), replayed by ``__init__(records=...)``:
 ``["P", leader, ballot]`` promise; ``["C", leader, inst, ballot, cmds]`` accepted;
 ``["CC", leader, inst]`` committed; ``["O", view, start, leaders]`` accepted O-slots;
 ``["OC", upto]`` committed O-prefix; ``["V", view]`` joined (voted for) a view.
+
+Snapshots and log compaction
+----------------------------
+
+A snapshot is ``(meta, state)``: ``state = executor.snapshot()`` after executing
+every O-slot below ``meta["slot"]``, i.e. C-instances ``0 .. exec_inst[l] - 1`` of
+each leader ``l`` (exactly ``exec_inst[l]`` of those O-slots name ``l``).
+``meta = {"protocol": "sdpaxos", "n", "slot", "exec_inst", "view"}``; ``state`` is
+byte-identical on every replica at the same slot. The replica's *floor*
+(``floor_slot``, ``floor_inst``) is the point below which its log is gone.
+
+- ``take_snapshot() -> (meta, state)``: at the execution point; pure.
+- ``compact(meta) -> live records``, after the driver stored that snapshot. Drops
+  the log below the *previous* stored snapshot (one interval of margin for Fetch)
+  and returns records restating everything above the floor (view, promises,
+  C-instances, O-slots, commit markers).
+- ``__init__(..., records, snapshot)``: restores the executor and the execution
+  point from ``snapshot``, which becomes the floor, then replays ``records``
+  skipping whatever the floor covers (old WAL segments may still be there).
+- ``install_snapshot(meta, state) -> bool``: adopt a peer's snapshot when
+  ``meta["slot"] > exec_slot``; the new floor is that point.
+
+Driver order for its own snapshots: ``take_snapshot`` → store it durably (it is now
+the latest) → ``compact(meta)`` → write the live records to a fresh WAL segment →
+delete older segments (keeping the previous snapshot file is fine: the live records
+also pair with it). For a peer's snapshot (``Ready.snapshot_from``): see
+``install_snapshot``. A crash between any two steps is safe: the durable state is
+always some stored snapshot plus a WAL that covers everything above it.
+
+Safety: a compacted range is chosen, but its values are gone, so no answer from the
+log may pass it off as empty. ``CPrepare`` below ``floor_inst`` and ``VRequest``
+below ``floor_slot`` get no promise or vote but a ``Compacted`` notice (a quorum
+of complete reports is still needed and enough; the most advanced replica can still
+win); ``Fetch`` below the floor and the sequencer's resends to a peer acked below
+its floor also get the notice. A receiver that has not executed through the
+notice's slot asks its driver for the sender's snapshot (``Ready.snapshot_from``)
+and a recoverer drops a recovery that started below the notice; one that has marks
+those slots committed (executed slots are decided). Counts of O-slots per leader
+below the floor are ``floor_inst`` (readiness, sequencer ``assigned``, Fig. 7).
 """
 
 from __future__ import annotations
@@ -70,6 +109,7 @@ from .messages import (
     CCommit,
     CPrepare,
     CPromise,
+    Compacted,
     CRequest,
     Fetch,
     Handover,
@@ -158,8 +198,9 @@ class SDPaxosReplica(ReplicaBase):
         sm: StateMachine,
         records: list | None = None,
         rng: random.Random | None = None,
+        snapshot: tuple[dict, bytes] | None = None,
     ) -> None:
-        super().__init__(node_id, cfg, sm, records, rng)
+        super().__init__(node_id, cfg, sm, records, rng, snapshot)
         n = self.n
         self.view = cfg.initial_view
         self.sequencer = ballot_owner(self.view)
@@ -227,10 +268,33 @@ class SDPaxosReplica(ReplicaBase):
         self._blocked_since = -1
         self._blocked_on: tuple[int, int] | None = None
         self._fetch_rr = 0
-        self.stats.update({"elections": 0, "view_changes_started": 0, "recoveries": 0, "lease_reads": 0, "log_reads": 0})
+        # Compaction: O-slots below floor_slot and C-instances of leader l below
+        # floor_inst[l] are gone, covered by a stored snapshot. floor_inst[l] is also
+        # the number of O-slots naming l below floor_slot (each executed the next one).
+        self.floor_slot = 0
+        self.floor_inst = [0] * n
+        self._floor_ballot = [0] * n  # highest ballot among dropped C-instances
+        self._snap_meta: dict | None = None  # latest snapshot the driver stored
+        self._snap_asked = -1  # tick we last asked the driver for a snapshot
+        self.stats.update(
+            {
+                "elections": 0,
+                "view_changes_started": 0,
+                "recoveries": 0,
+                "lease_reads": 0,
+                "log_reads": 0,
+                "compactions": 0,
+                "snapshots_installed": 0,
+                "snapshot_requests": 0,
+            }
+        )
+        if snapshot is not None:
+            self._restore_point(snapshot[0])
         if records:
             self._replay(records)
-        if self.id == self.sequencer and records:
+        if records or snapshot is not None:
+            self._after_replay()
+        if self.id == self.sequencer and (records or snapshot is not None):
             # We were the sequencer (or a candidate) before a restart: we cannot know
             # whether we won, and our lease is gone, so run a fresh election.
             self.phase = "stale"
@@ -242,6 +306,9 @@ class SDPaxosReplica(ReplicaBase):
             kind = rec[0]
             if kind == "C":
                 _, leader, inst, ballot, cmds = rec
+                self.promised[leader] = max(self.promised[leader], ballot)
+                if inst < self.floor_inst[leader]:
+                    continue  # covered by the snapshot (an older WAL segment)
                 c = self.clog[leader].get(inst)
                 if c is None:
                     self.clog[leader][inst] = CInst(ballot, cmds)
@@ -258,6 +325,8 @@ class SDPaxosReplica(ReplicaBase):
             elif kind == "O":
                 _, view, start, leaders = rec
                 for k, leader in enumerate(leaders):
+                    if start + k < self.floor_slot:
+                        continue  # covered by the snapshot
                     slot = self.oslots.get(start + k)
                     if slot is None or (not slot.committed and view >= slot.view):
                         self.oslots[start + k] = OSlot(leader, view)
@@ -272,8 +341,10 @@ class SDPaxosReplica(ReplicaBase):
                 if rec[1] > self.view:
                     self.view = rec[1]
                     self.sequencer = ballot_owner(self.view)
+
+    def _after_replay(self) -> None:
         own = self.clog[self.id]
-        self.next_inst = max(own) + 1 if own else 0
+        self.next_inst = max(self.floor_inst[self.id], max(own) + 1 if own else 0)
         top = max([self.ballot] + [c.ballot for c in own.values()])
         if top != self.ballot or self.promised[self.id] > self.ballot:
             # Someone recovered our instances meanwhile: re-prepare before proposing.
@@ -315,6 +386,217 @@ class SDPaxosReplica(ReplicaBase):
         self.distrust_view = self.view
         self.broadcast(Handover(self.view, target))
         return True
+
+    # --- snapshots and log compaction -------------------------------------------------
+
+    def take_snapshot(self) -> tuple[dict, bytes]:
+        """The state at the execution point, and where that point is. Pure.
+
+        ``state`` is byte-identical on every replica at the same ``slot``; ``meta``
+        (str keys, msgpack-friendly) says which O-slots (``slot``) and which
+        C-instances of each leader (``exec_inst``) it reflects.
+        """
+        meta = {
+            "protocol": self.protocol,
+            "n": self.n,
+            "slot": self.exec_slot,
+            "exec_inst": list(self.exec_inst),
+            "view": self.view,
+        }
+        return meta, self.executor.snapshot()
+
+    def compact(self, meta: dict) -> list:
+        """The driver durably stored the snapshot ``meta`` describes: forget old log.
+
+        Keeps a margin of one snapshot interval: drops only what the *previous*
+        stored snapshot covers (the one passed to the previous ``compact``, or the
+        one this replica was restarted from or installed), so peers lagging by less
+        than an interval still catch up by ``Fetch``. Returns the live records: view,
+        promises and every C-instance and O-slot still in memory, with commit
+        markers. Replayed on top of this snapshot *or the previous one* they rebuild
+        this replica's durable state, so the driver may replace its WAL with them.
+        """
+        slot, insts = self._check_meta(meta)
+        prev = self._snap_meta
+        if prev is None or slot > prev["slot"]:
+            self._snap_meta = dict(meta)
+        target = prev if prev is not None and prev["slot"] < slot else (meta if prev is not None else None)
+        if target is not None:
+            t_slot, t_insts = self._check_meta(target)
+            if t_slot > self.floor_slot:
+                if t_slot > self.exec_slot:
+                    raise SafetyViolation(f"replica {self.id}: compacting to {t_slot} past execution at {self.exec_slot}")
+                self._raise_floor(t_slot, t_insts)
+                self.stats["compactions"] += 1
+        return self._live_records()
+
+    def install_snapshot(self, meta: dict, state: bytes) -> bool:
+        """Adopt a peer's snapshot if it is ahead of our execution point.
+
+        Driver steps, with nothing else (``step``, ``tick``, ``ready``) in between:
+        ``install_snapshot`` → if True, store ``(meta, state)`` durably as this
+        replica's latest snapshot (older stored snapshots no longer pair with the
+        WAL: drop them) → ``compact(meta)`` → write the live records to a fresh WAL
+        segment and delete the older segments. Installing persists nothing by
+        itself; the records and messages that follow it (next ``ready()``) may rely
+        on the covered state, which is why the snapshot must be stored before that
+        ``ready()``. A crash anywhere in between restarts from the old snapshot and
+        WAL (before the store) or from the new snapshot and any WAL (after it).
+        """
+        try:
+            slot, insts = self._check_meta(meta)
+        except ValueError:
+            return False
+        if slot <= self.exec_slot:
+            return False
+        for leader in range(self.n):
+            if insts[leader] < self.exec_inst[leader]:
+                raise SafetyViolation(f"replica {self.id}: snapshot at slot {slot} is behind our execution of leader {leader}")
+        self.executor.restore(state)
+        self.exec_slot = slot
+        self.exec_inst = list(insts)
+        self._raise_floor(slot, insts)
+        self._snap_meta = dict(meta)
+        self._blocked_on = None
+        self._blocked_since = -1
+        if self.id == self.sequencer and self.phase in ("normal", "recovering"):
+            self._rebuild_sequencer_state(self.next_slot)
+        self.stats["snapshots_installed"] += 1
+        self._check_ready()
+        self._execute()
+        self._serve_reads()
+        return True
+
+    def _check_meta(self, meta: Any) -> tuple[int, list[int]]:
+        if type(meta) is not dict or meta.get("protocol") != self.protocol:
+            raise ValueError("not an sdpaxos snapshot")
+        slot, insts = meta.get("slot"), meta.get("exec_inst")
+        if meta.get("n", self.n) != self.n or type(slot) is not int or slot < 0 or type(insts) is not list:
+            raise ValueError("malformed snapshot meta")
+        if len(insts) != self.n or any(type(x) is not int or x < 0 for x in insts) or sum(insts) > slot:
+            raise ValueError("malformed snapshot exec_inst")
+        return slot, insts
+
+    def _restore_point(self, meta: dict) -> None:
+        """Restart from a snapshot (the base class restored the executor)."""
+        slot, insts = self._check_meta(meta)
+        self.exec_slot = self.floor_slot = slot
+        self.exec_inst = list(insts)
+        self.floor_inst = list(insts)
+        self.o_committed = self.o_prefix = self.majority_prefix = slot
+        self.c_max = [max(-1, i - 1) for i in insts]
+        self.next_inst = insts[self.id]
+        self._snap_meta = dict(meta)
+
+    def _raise_floor(self, slot: int, insts: list[int]) -> None:
+        """Drop the log below an executed point; it now counts as committed."""
+        me = self.id
+        oslots = self.oslots
+        if slot - self.floor_slot <= len(oslots):
+            for j in range(self.floor_slot, slot):
+                oslots.pop(j, None)
+        else:
+            for j in [j for j in oslots if j < slot]:
+                del oslots[j]
+        for leader in range(self.n):
+            log = self.clog[leader]
+            upto = max(insts[leader], self.floor_inst[leader])
+            if upto - self.floor_inst[leader] <= len(log):
+                gone = [i for i in range(self.floor_inst[leader], upto) if i in log]
+            else:
+                gone = [i for i in log if i < upto]
+            top = self._floor_ballot[leader]
+            for i in gone:
+                c = log.pop(i)
+                if c.ballot > top:
+                    top = c.ballot
+            self._floor_ballot[leader] = top
+            if upto - 1 > self.c_max[leader]:
+                self.c_max[leader] = upto - 1
+            self.floor_inst[leader] = upto
+        for inst in [i for i in self.unready if i < self.floor_inst[me]]:
+            c = self.unready.pop(inst)
+            if c.committed:
+                self._reply_ready(c.cmds)  # chosen and executed: answer it
+            # else: we never learned what was chosen there; the client retries
+        self.next_inst = max(self.next_inst, self.floor_inst[me])
+        self.floor_slot = max(self.floor_slot, slot)
+        floor = self.floor_slot
+        if floor > self.o_committed:
+            self.o_committed = floor  # executed slots are decided
+        if floor > self.o_prefix:
+            self.o_prefix = floor
+        if floor > self.majority_prefix:
+            self.majority_prefix = floor
+        self._advance_o_prefix()
+        self._recount_mine()
+        # Recoveries of compacted instances are moot (those instances are chosen).
+        for leader, rec in list(self.crec.items()):
+            low = self.floor_inst[leader]
+            for inst in [i for i in rec.accepting if i < low]:
+                del rec.accepting[inst]
+            if leader != me and (rec.need < low or (rec.promises == {} and not rec.accepting)):
+                del self.crec[leader]
+            elif rec.from_inst < low:
+                rec.from_inst = low
+
+    def _live_records(self) -> list:
+        """Persist-records restating every durable fact above the floor."""
+        out: list = [["V", self.view]]
+        for leader in range(self.n):
+            ballot = max(self.promised[leader], self._floor_ballot[leader])
+            if ballot > 0:
+                out.append(["P", leader, ballot])
+        for leader in range(self.n):
+            log = self.clog[leader]
+            for inst in sorted(log):
+                c = log[inst]
+                out.append(["C", leader, inst, c.ballot, c.cmds])
+                if c.committed:
+                    out.append(["CC", leader, inst])
+        run_start, run_view, run = -1, -1, []
+        for j in sorted(self.oslots):
+            slot = self.oslots[j]
+            if run and (j != run_start + len(run) or slot.view != run_view):
+                out.append(["O", run_view, run_start, run])
+                run = []
+            if not run:
+                run_start, run_view = j, slot.view
+            run.append(slot.leader)
+        if run:
+            out.append(["O", run_view, run_start, run])
+        out.append(["OC", self.o_committed])
+        return out
+
+    def _want_snapshot(self, peer: int) -> None:
+        """Ask the driver for ``peer``'s snapshot (at most once per resend period)."""
+        if self._snap_asked >= 0 and self.now - self._snap_asked < self.cfg.resend_ticks:
+            return
+        self._snap_asked = self.now
+        self._snapshot_from = peer
+        self.stats["snapshot_requests"] += 1
+
+    def _compacted_notice(self, leader: int = -1) -> Compacted:
+        inst = self.floor_inst[leader] if 0 <= leader < self.n else 0
+        return Compacted(self.view, self.floor_slot, leader, inst)
+
+    @handles(_handlers, Compacted)
+    def _on_compacted(self, src: int, m: Compacted) -> None:
+        """A peer could not answer from its log: it was compacted below ``m.slot``."""
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        rec = self.crec.get(m.leader) if 0 <= m.leader < self.n else None
+        if rec is not None and not rec.accepting and rec.from_inst < m.inst:
+            del self.crec[m.leader]  # its phase 1 cannot be answered there: chosen range
+        if self.exec_slot < m.slot:
+            self._want_snapshot(src)
+            return
+        # We executed everything the sender compacted: those slots are decided.
+        if m.slot > self.o_committed:
+            self._commit_oslots(m.slot)
+            self._advance_o_prefix()
+        if src == self.sequencer and m.view == self.view and self.id != self.sequencer:
+            self.send(src, OAck(self.view, self.o_prefix))
 
     # --- proposing (command leader) ---------------------------------------------------
 
@@ -370,7 +652,11 @@ class SDPaxosReplica(ReplicaBase):
         if m.ballot < self.promised[m.leader]:
             self.send(src, CAck(self.view, m.leader, m.inst, self.promised[m.leader], False))
             return
-        if c is not None and c.committed:
+        if m.inst < self.floor_inst[m.leader]:
+            # Compacted, so chosen: as for a committed instance, a ballot not below
+            # our promise can only carry the chosen value.
+            self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
+        elif c is not None and c.committed:
             # Already chosen: a higher ballot can only carry the same value.
             self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
         else:
@@ -428,8 +714,8 @@ class SDPaxosReplica(ReplicaBase):
 
     @handles(_handlers, CCommit)
     def _on_ccommit(self, src: int, m: CCommit) -> None:
-        if not 0 <= m.leader < self.n or m.inst < 0:
-            return
+        if not 0 <= m.leader < self.n or m.inst < self.floor_inst[m.leader]:
+            return  # malformed, or compacted (executed) here
         log = self.clog[m.leader]
         c = log.get(m.inst)
         if c is not None and c.committed:
@@ -460,6 +746,9 @@ class SDPaxosReplica(ReplicaBase):
     # --- C-instance recovery (paper §3.3) -----------------------------------------------
 
     def _start_crecovery(self, leader: int, from_inst: int, need: int, seen_ballot: int = 0) -> None:
+        from_inst = max(from_inst, self.floor_inst[leader])  # below: chosen, compacted
+        if need < from_inst and leader != self.id:
+            return
         top = max(self.promised[leader], seen_ballot, self.ballot if leader == self.id else 0)
         ballot = make_ballot(ballot_round(top) + 1, self.id)
         rec = CRecovery(leader, ballot, from_inst, need, self.now)
@@ -482,6 +771,12 @@ class SDPaxosReplica(ReplicaBase):
     @handles(_handlers, CPrepare)
     def _on_cprepare(self, src: int, m: CPrepare) -> None:
         if not 0 <= m.leader < self.n or m.from_inst < 0 or ballot_owner(m.ballot) != src:
+            return
+        if m.from_inst < self.floor_inst[m.leader]:
+            # Those instances are chosen but their values are gone from our log.
+            # Reporting "nothing accepted" would let the recoverer choose no-ops over
+            # them: refuse to promise and point it at our snapshot instead.
+            self.send(src, self._compacted_notice(m.leader))
             return
         if m.ballot < self.promised[m.leader]:
             self.send(src, CPromise(self.view, m.leader, self.promised[m.leader], False, []))
@@ -525,7 +820,7 @@ class SDPaxosReplica(ReplicaBase):
         if own:
             self.ballot = rec.ballot
             self.next_inst = max(self.next_inst, upto + 1)
-        for inst in range(rec.from_inst, upto + 1):
+        for inst in range(max(rec.from_inst, self.floor_inst[leader]), upto + 1):
             c = log.get(inst)
             if c is not None and c.committed:
                 continue
@@ -648,8 +943,11 @@ class SDPaxosReplica(ReplicaBase):
         fresh = False
         named_seq = False
         replaced = False
+        floor = self.floor_slot
         for k, leader in enumerate(m.leaders):
             j = m.start + k
+            if j < floor:
+                continue  # compacted: chosen and executed here
             slot = self.oslots.get(j)
             if slot is not None and (slot.committed or slot.view == m.view):
                 continue
@@ -742,8 +1040,11 @@ class SDPaxosReplica(ReplicaBase):
             if type(leader) is not int or not NOCL <= leader < self.n:
                 return
         learned = False
+        floor = self.floor_slot
         for k, leader in enumerate(m.leaders):
             j = m.start + k
+            if j < floor:
+                continue  # compacted: chosen and executed here
             slot = self.oslots.get(j)
             if slot is None or (not slot.committed and (slot.leader != leader or slot.view != m.view)):
                 if slot is not None and j < self.exec_slot and slot.leader != leader:
@@ -762,9 +1063,8 @@ class SDPaxosReplica(ReplicaBase):
     def _recount_mine(self) -> None:
         """Recompute the counts derived from the O-log after values were replaced."""
         me = self.id
-        self.my_committed = 0
-        self.my_in_prefix = 0
-        self.my_in_majority = 0
+        # Compacted slots are committed and below both prefixes.
+        self.my_committed = self.my_in_prefix = self.my_in_majority = self.floor_inst[me]
         for j, slot in self.oslots.items():
             if slot.leader != me:
                 continue
@@ -970,6 +1270,12 @@ class SDPaxosReplica(ReplicaBase):
         if m.view < self.view:
             self.send(src, Ping(self.view, -1))
             return
+        if m.from_slot < self.floor_slot:
+            # We cannot report the slots we compacted; a vote without them would let
+            # the candidate fill chosen slots with no-cl. Withhold it (and do not join
+            # the view); the candidate catches up from our snapshot and tries again.
+            self.send(src, self._compacted_notice())
+            return
         if m.view > self.view:
             if self.now < self.no_vote_until:
                 return
@@ -1000,7 +1306,9 @@ class SDPaxosReplica(ReplicaBase):
 
     def _take_office(self) -> None:
         """Reconstruct the assignment log from a majority of votes (Fig. 7)."""
-        base = self.vote_base
+        # Slots below our floor are chosen and executed (a snapshot covers them); every
+        # vote reported all slots >= vote_base (voters compacted past it refuse).
+        base = max(self.vote_base, self.floor_slot)
         voters = sorted(self.votes) + [self.id]
         best: dict[int, tuple[int, int, bool]] = {}  # slot -> (leader, view, committed)
         reports = [[[j, s.leader, s.view, s.committed] for j, s in self.oslots.items() if j >= base]]
@@ -1068,7 +1376,7 @@ class SDPaxosReplica(ReplicaBase):
         if c_m < 0:
             return
         needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
-        below = sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
+        below = self.floor_inst[m] + sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
         if below >= needed:
             return
         while True:
@@ -1092,9 +1400,11 @@ class SDPaxosReplica(ReplicaBase):
             log[first_empty] = m  # propose R_m in the first empty O-instance
 
     def _rebuild_sequencer_state(self, end: int) -> None:
+        end = max(end, self.floor_slot)
         self.next_slot = end
-        self.assigned = [0] * self.n
-        for j in range(end):
+        # Below the floor, leader l owns exactly floor_inst[l] slots.
+        self.assigned = list(self.floor_inst)
+        for j in range(self.floor_slot, end):
             slot = self.oslots.get(j)
             if slot is not None and slot.leader != NOCL:
                 self.assigned[slot.leader] += 1
@@ -1277,15 +1587,29 @@ class SDPaxosReplica(ReplicaBase):
         for dst in range(self.n):
             if dst == self.id:
                 continue
+            # A peer whose acked prefix (in this view) is below our floor: we no longer
+            # hold the values it may lack. Tell it; it acks if it has them, else it
+            # fetches our snapshot.
+            behind = self.acked[dst] < self.floor_slot
+            noticed = False
             # O-accepts a peer has not acked for a while: resend from its acked prefix.
             if self.acked[dst] < self.next_slot and now - self._oaccept_tick[dst] >= self.cfg.resend_ticks:
                 start = self.acked[dst]
-                leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
-                self.send(dst, OAccept(self.view, start, leaders))
+                if behind:
+                    self.send(dst, self._compacted_notice())
+                    noticed = True
+                else:
+                    leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
+                    self.send(dst, OAccept(self.view, start, leaders))
                 self._oaccept_tick[dst] = now
             # The committed prefix, when it moved and as a heartbeat.
             upto = self.o_committed
             if upto > self._commit_sent[dst] or now % self.cfg.heartbeat_ticks == 0:
+                if behind:
+                    if not noticed:
+                        self.send(dst, self._compacted_notice())
+                    self._commit_sent[dst] = upto
+                    continue
                 start = min(self.acked[dst], upto)
                 if upto - start > OSLOTS_PER_MSG_MAX:
                     upto = start + OSLOTS_PER_MSG_MAX
@@ -1326,6 +1650,9 @@ class SDPaxosReplica(ReplicaBase):
         """Send the committed run of ``leader``'s instances starting at ``inst``."""
         if not 0 <= m.leader < self.n or m.inst < 0:
             return
+        if m.inst < self.floor_inst[m.leader]:
+            self.send(src, self._compacted_notice(m.leader))  # fetch my snapshot
+            return
         log = self.clog[m.leader]
         for inst in range(m.inst, m.inst + FETCH_INSTANCES_MAX):
             c = log.get(inst)
@@ -1363,5 +1690,6 @@ class SDPaxosReplica(ReplicaBase):
             "o_prefix": self.o_prefix,
             "o_committed": self.o_committed,
             "exec_slot": self.exec_slot,
+            "floor_slot": self.floor_slot,
             "executed": self.stats["executed"],
         }

@@ -487,7 +487,10 @@ class Node:
     async def _save_snapshot(self, snap: Snapshot, meta: dict, installed: bool) -> None:
         try:
             directory = os.path.join(self.cfg.data_dir, "snapshots")
-            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=2))
+            # A peer's snapshot does not pair with our older ones (we never had the log
+            # between them): keep only it.
+            keep = 1 if installed else 2
+            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=keep))
             if self._stopping:
                 return
             if installed and not self.replica.install_snapshot(meta, snap.body):
@@ -500,6 +503,8 @@ class Node:
             if live:
                 wal.append_many([msgpack.packb(r, use_bin_type=True) for r in live])
                 await self.committer.durable(wal.last_seq)
+            if installed:
+                self._live_starts.clear()
             self._live_starts.append(start)
             # Keep what the older retained snapshot needs (load_latest may fall back to it).
             if len(self._live_starts) == 2:

@@ -11,6 +11,18 @@ Each replica has a durable "disk": the records of its ``Ready.persist``, written
 before its messages leave (persist-before-send). A crash throws the replica object
 away (volatile state is lost); a restart builds a new one from the disk.
 
+Snapshots (``snapshot_every`` > 0, SDPaxos): whenever a replica's execution point
+moved that many slots past its last snapshot, the driver takes one, stores it as the
+node's latest snapshot, calls ``compact`` and replaces the disk with the live
+records (WAL compaction); a restart builds the replica from (latest snapshot, disk).
+All three steps happen within one event, and a crash falls between events; the
+intermediate states are checked by ``tests/consensus/test_snapshot.py``. When a
+replica asks for a peer's snapshot (``Ready.snapshot_from``), the request and the
+peer's latest stored snapshot each cross the network once (lost if the peer is
+down or the link is cut); on arrival the driver installs it, stores it, compacts.
+Each incarnation's executed log is kept in segments that start where execution
+jumped (restart from a snapshot, install); the checks merge them by slot.
+
 Closed-loop clients sit at sites next to replicas and send each command to their own
 replica; with ``client_timeout_ms`` they resend the same command (same client id and
 sequence number, so the replicas' sessions execute it at most once) to the next
@@ -31,6 +43,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from consensus.core.config import ProtocolConfig
 from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
@@ -44,7 +58,7 @@ from .network import SimNetwork
 PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
 
 # Event kinds
-_TICK, _DELIVER, _REQUEST, _REPLY, _CLIENT_TIMEOUT, _FAULT, _CLIENT_START = range(7)
+_TICK, _DELIVER, _REQUEST, _REPLY, _CLIENT_TIMEOUT, _FAULT, _CLIENT_START, _SNAP_REQ, _SNAP_DATA = range(9)
 
 
 @dataclass
@@ -87,6 +101,8 @@ class SimConfig:
     cpu_us_msg: float = 1.0
     # Clock skew per node: node i ticks every tick_ms * (1 + tick_skew[i]).
     tick_skew: tuple = ()
+    # Take a snapshot (and compact the log) every this many executed slots; 0: never.
+    snapshot_every: int = 0
     faults: list = field(default_factory=list)  # [(ms, action, *args)]
 
 
@@ -143,10 +159,19 @@ class Simulation:
         )
         self.cls = PROTOCOLS[cfg.protocol]
         self.disks: list[list] = [[] for _ in range(n)]
+        self.snaps: list[tuple | None] = [None] * n  # each node's latest stored snapshot
+        self._snap_slot = [0] * n
+        self.snapshots_taken = 0
+        self.snapshots_installed = 0
+        self._snapshot_every = cfg.snapshot_every
         self.nodes: list[Any] = [None] * n
         self.incarnation = [0] * n
-        self.exec_logs: list[list] = []  # one per incarnation: [(label, ids), ...]
+        # Executed segments: exec_logs[k] = [(label, ids), ...] from slot exec_starts[k];
+        # a new one per incarnation and wherever execution jumped (snapshot).
+        self.exec_logs: list[list] = []
+        self.exec_starts: list[int] = []
         self._exec_log_of: list[list] = [[] for _ in range(n)]
+        self._exec_seg_of = [-1] * n
         self.now = 0
         self._seq = 0
         self._heap: list = []
@@ -193,14 +218,20 @@ class Simulation:
     def _start_node(self, node: int) -> None:
         self.incarnation[node] += 1
         rng = random.Random(self._node_seeds[node] + self.incarnation[node])
-        self.nodes[node] = self.cls(node, self.pcfg, KVStateMachine(), records=list(self.disks[node]), rng=rng)
+        snap = self.snaps[node]
+        self.nodes[node] = self.cls(node, self.pcfg, KVStateMachine(), records=list(self.disks[node]), rng=rng, snapshot=snap)
         self.all_replicas.append(self.nodes[node])
         self._elections_seen[node] = 0
-        log: list = []
-        self.exec_logs.append(log)
-        self._exec_log_of[node] = log
+        self._new_segment(node, snap[0]["slot"] if snap is not None else 0)
         self._push(self.now + self._tick_phase[node], _TICK, node, self.incarnation[node])
         self._drain(node)
+
+    def _new_segment(self, node: int, start: int) -> None:
+        log: list = []
+        self.exec_logs.append(log)
+        self.exec_starts.append(start)
+        self._exec_log_of[node] = log
+        self._exec_seg_of[node] = len(self.exec_logs) - 1
 
     def crash(self, node: int) -> None:
         if self.nodes[node] is not None:
@@ -246,6 +277,12 @@ class Simulation:
             awaiting = self._awaiting_exec
             for ex in rd.executed:
                 ids = tuple((c[0], c[1]) for c in ex.cmds) if ex.cmds else ()
+                seg = self._exec_seg_of[node]
+                if not log:
+                    self.exec_starts[seg] = ex.slot
+                elif ex.slot != self.exec_starts[seg] + len(log):
+                    self._new_segment(node, ex.slot)  # execution jumped (snapshot)
+                    log = self._exec_log_of[node]
                 log.append((tuple(ex.label), ids))
                 if awaiting:
                     for key in ids:
@@ -253,6 +290,56 @@ class Simulation:
                         if hit is not None and hit[1] == node:
                             del awaiting[key]
                             self.exec_latency_us[node].append(now - hit[0])
+        if rd.snapshot_from is not None:
+            self._request_snapshot(node, rd.snapshot_from)
+        every = self._snapshot_every
+        if every and replica.exec_slot - self._snap_slot[node] >= every:
+            self._take_snapshot(node)
+
+    # --- snapshots ----------------------------------------------------------------------
+
+    def _store_snapshot(self, node: int, snap: tuple) -> None:
+        """Durably store ``snap`` as the node's latest, compact, rewrite the disk."""
+        meta = snap[0]
+        self.snaps[node] = snap
+        self._snap_slot[node] = meta["slot"]
+        live = self.nodes[node].compact(meta)
+        self.disks[node] = list(live)  # the WAL now starts with the live records
+        self._hash.update(b"S%d,%d,%d," % (self.now, node, meta["slot"]))
+
+    def _take_snapshot(self, node: int) -> None:
+        snap = self.nodes[node].take_snapshot()
+        if snap is None:
+            self._snapshot_every = 0  # this protocol does not compact
+            return
+        self.snapshots_taken += 1
+        self._store_snapshot(node, snap)
+
+    def _request_snapshot(self, node: int, peer: int) -> None:
+        if not 0 <= peer < self.n or peer == node:
+            return
+        for delay in self.net.plan(node, peer)[:1]:
+            self._push(self.now + delay, _SNAP_REQ, peer, node, self.incarnation[node])
+
+    def _on_snapshot_request(self, peer: int, node: int, inc: int) -> None:
+        snap = self.snaps[peer]
+        if self.nodes[peer] is None or snap is None:
+            return  # the peer is down (or has none): the replica asks again later
+        # The snapshot crosses the wire: meta through msgpack, state as bytes.
+        wire = msgpack.packb([snap[0], snap[1]], use_bin_type=True)
+        for delay in self.net.plan(peer, node)[:1]:
+            self._push(self.now + delay, _SNAP_DATA, node, peer, (wire, inc))
+
+    def _on_snapshot_data(self, node: int, peer: int, wire: bytes, inc: int) -> None:
+        replica = self.nodes[node]
+        if replica is None or self.incarnation[node] != inc:
+            return
+        self._hash.update(b"I%d,%d,%d," % (self.now, node, peer))
+        meta, state = msgpack.unpackb(wire, raw=False)
+        if replica.install_snapshot(meta, state):
+            self.snapshots_installed += 1
+            self._store_snapshot(node, (meta, state))
+        self._drain(node)
 
     def _local_us(self, node: int) -> int:
         return self.net.one_way_us[node][node]
@@ -375,6 +462,10 @@ class Simulation:
             elif kind == _FAULT:
                 h.update(b"F%d," % t + repr(a).encode())
                 self._apply_fault(a)
+            elif kind == _SNAP_REQ:
+                self._on_snapshot_request(a, b, c)
+            elif kind == _SNAP_DATA:
+                self._on_snapshot_data(a, b, c[0], c[1])
         return self
 
     def quiet(self) -> bool:
@@ -386,8 +477,8 @@ class Simulation:
         live = [i for i in range(self.n) if self.nodes[i] is not None]
         if not all(self.nodes[i].idle() for i in live):
             return False
-        lengths = {len(self._exec_log_of[i]) for i in live}
-        return len(lengths) <= 1
+        ends = {self.nodes[i].exec_slot for i in live}
+        return len(ends) <= 1
 
     def _apply_fault(self, action: tuple) -> None:
         name, args = action[0], action[1:]
@@ -483,12 +574,22 @@ class Simulation:
         return self._hash.hexdigest()
 
     def canonical_log(self) -> list:
-        return max(self.exec_logs, key=len) if self.exec_logs else []
+        """The executed sequence from slot 0, merged from every segment (longest wins)."""
+        merged: list = []
+        for k in sorted(range(len(self.exec_logs)), key=lambda k: (self.exec_starts[k], -len(self.exec_logs[k]))):
+            start, log = self.exec_starts[k], self.exec_logs[k]
+            if start <= len(merged) and start + len(log) > len(merged):
+                merged.extend(log[len(merged) - start :])
+        return merged
 
     def check(self) -> dict:
         """Safety checks over everything every replica executed."""
         canonical = self.canonical_log()
-        consistent = all(log == canonical[: len(log)] for log in self.exec_logs)
+        starts = self.exec_starts
+        consistent = all(
+            not log or (starts[k] + len(log) <= len(canonical) and log == canonical[starts[k] : starts[k] + len(log)])
+            for k, log in enumerate(self.exec_logs)
+        )
         # Sequential replay of the executed order.
         replay = Executor(KVStateMachine())
         applied: dict[tuple, Any] = {}
@@ -542,6 +643,9 @@ class Simulation:
             }
         checks = self.check()
         extra = {"view_changes": sum(r.stats.get("elections", 0) for r in self.all_replicas)}
+        if self.cfg.snapshot_every or self.snapshots_installed:
+            extra["snapshots_taken"] = self.snapshots_taken
+            extra["snapshots_installed"] = self.snapshots_installed
         if self.cfg.faults:
             extra["stall_ms"] = self.stall_ms()
         return {

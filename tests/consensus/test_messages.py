@@ -23,6 +23,7 @@ SAMPLES = [
     M.MAck(0, 6),
     M.MCommit(0, 6, 5, [None]),
     M.Fetch(0, 1, 4),
+    M.Compacted(33, 120, 1, 40),
     M.VRequest(33, 10),
     M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2]),
     M.Ping(33, 1234),
