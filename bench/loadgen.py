@@ -23,6 +23,25 @@ class LoadResult:
     seconds: float = 0.0
     acked_writes: dict = field(default_factory=dict)  # key -> last acknowledged value (each key has one writer)
     uncertain: set = field(default_factory=set)  # keys with a write whose outcome is unknown
+    # (session, t_invoke, t_complete or None if indeterminate, f, key, value) with record_history
+    history: list = field(default_factory=list)
+
+    def history_ops(self) -> list:
+        """The client history as jepsen_like ops for the KV model (value ``(key, v)``)."""
+        from jepsen_like.history import Op
+
+        events = []
+        end = max([e[2] or e[1] for e in self.history], default=0.0) + 1.0
+        for sid, t0, t1, f, key, value in self.history:
+            events.append((t0, 1, sid, f, key, None if f == "get" else value))
+            if t1 is None:
+                events.append((end, 2, sid, f, key, None if f == "get" else value))
+            else:
+                events.append((t1, 0, sid, f, key, value))
+        # Completions before invocations at equal times; indeterminate ones last.
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        kinds = {1: "invoke", 0: "ok", 2: "info"}
+        return [Op(i, t, sid, kinds[phase], f, (key, v)) for i, (t, phase, sid, f, key, v) in enumerate(events)]
 
     def throughput(self) -> float:
         return self.ops / self.seconds if self.seconds else 0.0
@@ -50,6 +69,7 @@ async def run_load(
     keys: int = 1000,
     seed: int = 1,
     record_completions: bool = False,
+    record_history: bool = False,
     on_progress=None,
 ) -> LoadResult:
     """``sessions`` closed-loop clients for ``seconds``; each writes its own keys (so the
@@ -60,34 +80,44 @@ async def run_load(
     lat = result.latencies_ms
     comp = result.completions
     acked = result.acked_writes
+    history = result.history
 
     async def one(idx: int) -> None:
         rng = random.Random(seed * 100_003 + idx)
         s = cellar.session()
         n = 0
+        pid = idx  # history process; a new one after an indeterminate op (as Jepsen does)
         while time.monotonic() < stop_at:
             t0 = time.perf_counter()
+            read = bool(read_fraction) and rng.random() < read_fraction
+            if read:
+                key = f"s{rng.randrange(sessions)}k{rng.randrange(keys)}"
+                val = None
+            else:
+                key = f"s{idx}k{rng.randrange(keys)}"
+                val = f"{n:08d}{value}"
+                n += 1
             try:
-                if read_fraction and rng.random() < read_fraction:
-                    await s.get(f"s{rng.randrange(sessions)}k{rng.randrange(keys)}")
+                if read:
+                    val = await s.get(key)
                     result.reads += 1
                 else:
-                    key = f"s{idx}k{rng.randrange(keys)}"
-                    val = f"{n:08d}{value}"
-                    n += 1
-                    try:
-                        await s.put(key, val)
-                    except BaseException:
-                        # It may still land later: the key's final value is unknown.
-                        acked.pop(key, None)
-                        result.uncertain.add(key)
-                        raise
+                    await s.put(key, val)
                     if key not in result.uncertain:
                         acked[key] = val
             except (CellarError, ConnectionError, TimeoutError):
                 result.errors += 1
+                if not read:
+                    # It may still land later: the key's final value is unknown.
+                    acked.pop(key, None)
+                    result.uncertain.add(key)
+                if record_history:
+                    history.append((pid, t0, None, "get" if read else "put", key, val))
+                    pid += sessions
                 continue
             t1 = time.perf_counter()
+            if record_history:
+                history.append((pid, t0, t1, "get" if read else "put", key, val))
             lat.append((t1 - t0) * 1000)
             result.ops += 1
             if record_completions:

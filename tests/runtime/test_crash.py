@@ -8,6 +8,8 @@ import signal
 import pytest
 
 from bench.loadgen import run_load
+from jepsen_like.checker import check
+from jepsen_like.models import KV
 from store.client import CellarClient
 
 from .conftest import committing, converged
@@ -42,13 +44,15 @@ async def test_kill_one_replica_under_load(make_cluster, protocol, victim):
             await cluster.await_ready(target)
 
         chaos_task = asyncio.create_task(chaos())
-        res = await run_load(cellar, sessions=32, seconds=4.0, keys=20)
+        res = await run_load(cellar, sessions=32, seconds=4.0, keys=20, read_fraction=0.3, record_history=True)
         await chaos_task
-        assert res.ops > 0 and res.acked_writes
+        assert res.ops > 0 and res.acked_writes and res.reads
         statuses = await converged(cellar, [0, 1, 2])
         assert statuses[target]["exec_slot"] == statuses[(target + 1) % 3]["exec_slot"]  # caught up
         await check_acked(cellar, res.acked_writes)
         await committing(cellar, "after")
+    verdict = check(res.history_ops(), KV(), timeout_s=60)
+    assert verdict.linearizable is True, verdict.reason
 
 
 async def test_kill_all_replicas_at_once_under_load(make_cluster):
