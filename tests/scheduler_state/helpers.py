@@ -3,6 +3,7 @@ ways to build machines and issue commands."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,16 @@ import pytest
 
 from scheduler_state import SchedulerStateMachine, check, load_config
 
-# Configs are read from the shared folder next to the repository, never copied in.
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+# Configs are read from the shared folder next to the repository (or $CELLAR_SHARED),
+# never copied in.
+SHARED = Path(os.environ.get("CELLAR_SHARED") or Path(__file__).resolve().parents[2] / ".." / "shared")
 HIVED = SHARED / "hived"
 FEATURE = HIVED / "feature"
 
 
 def require_hived() -> Path:
     if not (FEATURE / "README.md").is_file():
-        pytest.skip(f"HiveD reference files not found at {HIVED.resolve()} (the ../shared/hived folder)")
+        pytest.skip(f"HiveD reference files not found at {HIVED.resolve()} (the ../shared/hived folder; set CELLAR_SHARED to point elsewhere)")
     return HIVED
 
 
