@@ -32,17 +32,15 @@ from .gen import generate_with_key
 from .models import KV
 
 
+def _history(config: dict[str, Any]) -> tuple[list, str | None]:
+    """The generated history a measurement configuration names (and its corrupted key)."""
+    keys = ("clients", "ops", "keys", "info_rate", "workload", "seed", "corrupt")
+    return generate_with_key(**{k: config[k] for k in keys})
+
+
 def measure(config: dict[str, Any]) -> dict[str, Any]:
     """Generate and check one history in this process."""
-    history, key = generate_with_key(
-        clients=config["clients"],
-        ops=config["ops"],
-        keys=config["keys"],
-        info_rate=config["info_rate"],
-        workload=config["workload"],
-        seed=config["seed"],
-        corrupt=config["corrupt"],
-    )
+    history, key = _history(config)
     t0 = time.perf_counter()
     result = check(history, KV(), timeout_s=config["timeout"], workers=config["workers"])
     total = time.perf_counter() - t0
@@ -151,15 +149,7 @@ def main(
 
 
 def _profile(config: dict[str, Any]) -> None:
-    history, _ = generate_with_key(
-        clients=config["clients"],
-        ops=config["ops"],
-        keys=config["keys"],
-        info_rate=config["info_rate"],
-        workload=config["workload"],
-        seed=config["seed"],
-        corrupt=config["corrupt"],
-    )
+    history, _ = _history(config)
     prof = cProfile.Profile()
     prof.enable()
     result = check(history, KV(), timeout_s=config["timeout"])
