@@ -58,19 +58,9 @@ class _Sim:
     failed: bool = False
 
 
-def generate(
-    *,
-    clients: int = 50,
-    ops: int = 10_000,
-    keys: int = 8,
-    info_rate: float = 0.03,
-    workload: str = "kv",
-    seed: int = 0,
-    corrupt: bool = False,
-) -> list[Op]:
-    return generate_with_key(
-        clients=clients, ops=ops, keys=keys, info_rate=info_rate, workload=workload, seed=seed, corrupt=corrupt
-    )[0]
+def generate(**kwargs: Any) -> list[Op]:
+    """A generated history; the parameters are ``generate_with_key``'s."""
+    return generate_with_key(**kwargs)[0]
 
 
 def generate_with_key(

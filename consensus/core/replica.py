@@ -115,6 +115,11 @@ class ReplicaBase:
         self._pending.append([client, seq, op])
         self.stats["proposed"] += 1
 
+    @property
+    def backlog(self) -> int:
+        """Commands proposed here and not yet in an instance (drivers push back on it)."""
+        return len(self._pending)
+
     def step(self, src: int, msgs: list[Message]) -> None:
         if not 0 <= src < self.n or src == self.id:
             return  # not a peer of ours; the transport should have refused it

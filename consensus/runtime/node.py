@@ -382,7 +382,7 @@ class Node:
             if kind == clientwire.STATUS:
                 conn.reply([client, seq, clientwire.OK, self.status()])
                 continue
-            if self._stopping or len(self._waiters) >= WAITERS_MAX or len(replica._pending) >= PENDING_MAX:
+            if self._stopping or len(self._waiters) >= WAITERS_MAX or replica.backlog >= PENDING_MAX:
                 self.stats["refused_busy"] += 1
                 conn.reply([client, seq, clientwire.ERROR, "busy: retry later"])
                 continue

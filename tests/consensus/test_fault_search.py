@@ -27,12 +27,21 @@ EXAMPLES = int(os.environ.get("CELLAR_FAULT_EXAMPLES", "600"))
 
 
 @st.composite
-def fault_runs(draw):
+def fault_runs(
+    draw,
+    protocols=("sdpaxos", "sdpaxos", "multipaxos"),
+    rtts=("geo",),
+    snapshot_every=(0,),
+    read_fractions=(0.0, 0.3, 0.6),
+):
+    """A random run under a random fault schedule (also used by test_snapshot)."""
     replicas = draw(st.sampled_from([3, 5]))
-    seconds = 3.0
+    rtt = draw(st.sampled_from(rtts))
+    seconds = 3.0 if rtt == "geo" else 0.6
     return SimConfig(
-        protocol=draw(st.sampled_from(["sdpaxos", "sdpaxos", "multipaxos"])),
+        protocol=draw(st.sampled_from(protocols)),
         replicas=replicas,
+        rtt=rtt,
         sequencer=draw(st.integers(0, replicas - 1)),
         clients_per_site=draw(st.integers(1, 2)),
         seconds=seconds,
@@ -42,9 +51,10 @@ def fault_runs(draw):
         jitter=draw(st.sampled_from([0.0, 0.5, 1.5])),
         loss=draw(st.sampled_from([0.0, 0.02, 0.1])),
         dup=draw(st.sampled_from([0.0, 0.05])),
-        read_fraction=draw(st.sampled_from([0.0, 0.3, 0.6])),
+        read_fraction=draw(st.sampled_from(read_fractions)),
         keys=draw(st.integers(1, 3)),
         client_timeout_ms=1000.0,
+        snapshot_every=draw(st.sampled_from(snapshot_every)),
         faults=random_schedule(replicas, seconds, draw(st.integers(0, 2**32))),
     )
 

@@ -13,14 +13,14 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from consensus.core import messages as M
 from consensus.core.config import ProtocolConfig
 from consensus.core.sdpaxos import SDPaxosReplica
 from consensus.kv import KVStateMachine
 from consensus.sim import SimConfig, Simulation
-from consensus.sim.scenarios import random_schedule
+
+from .test_fault_search import fault_runs
 
 
 def assert_safe(sim, hint=""):
@@ -250,29 +250,9 @@ def test_compacted_cprepare_and_fetch_are_answered_with_a_notice():
 # --- properties ------------------------------------------------------------------------
 
 
-@st.composite
-def snapshot_runs(draw):
-    replicas = draw(st.sampled_from([3, 5]))
-    rtt = draw(st.sampled_from(["geo", "lan"]))
-    seconds = 3.0 if rtt == "geo" else 0.6
-    return SimConfig(
-        replicas=replicas,
-        rtt=rtt,
-        sequencer=draw(st.integers(0, replicas - 1)),
-        clients_per_site=draw(st.integers(1, 2)),
-        seconds=seconds,
-        seed=draw(st.integers(0, 2**32)),
-        batch=draw(st.sampled_from([1, 8, 256])),
-        inflight=draw(st.sampled_from([2, 32])),
-        jitter=draw(st.sampled_from([0.0, 0.5, 1.5])),
-        loss=draw(st.sampled_from([0.0, 0.02, 0.1])),
-        dup=draw(st.sampled_from([0.0, 0.05])),
-        read_fraction=draw(st.sampled_from([0.0, 0.3])),
-        keys=draw(st.integers(1, 3)),
-        client_timeout_ms=1000.0,
-        snapshot_every=draw(st.sampled_from([1, 2, 5, 10, 50])),
-        faults=random_schedule(replicas, seconds, draw(st.integers(0, 2**32))),
-    )
+def snapshot_runs():
+    return fault_runs(protocols=("sdpaxos",), rtts=("geo", "lan"), snapshot_every=(1, 2, 5, 10, 50),
+                      read_fractions=(0.0, 0.3))
 
 
 def check_run(cfg):
