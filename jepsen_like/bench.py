@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from .checker import check
-from .gen import generate_with_key
+from .gen import generate_with_key, history_options
 from .models import KV
 
 
@@ -94,12 +94,7 @@ HEADER = (
 
 
 @click.command()
-@click.option("--clients", default=50, show_default=True)
-@click.option("--ops", "n_ops", default=10_000, show_default=True)
-@click.option("--keys", default=8, show_default=True)
-@click.option("--info-rate", default=0.03, show_default=True)
-@click.option("--workload", type=click.Choice(["kv", "cas"]), default="kv", show_default=True)
-@click.option("--seed", default=1, show_default=True)
+@history_options(seed=1)
 @click.option("--workers", default=1, show_default=True)
 @click.option("--timeout", default=120.0, show_default=True)
 @click.option("--scaling", default="10,25,50,100", show_default=True, help="Client counts ('' to skip).")

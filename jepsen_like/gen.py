@@ -206,13 +206,26 @@ def _events(sims: list[_Sim]) -> list[Op]:
     return out
 
 
+def history_options(seed: int = 0):
+    """The click options naming a generated history (shared with ``jepsen_like.bench``)."""
+
+    def apply(fn):
+        for opt in reversed((
+            click.option("--clients", default=50, show_default=True),
+            click.option("--ops", "n_ops", default=10_000, show_default=True),
+            click.option("--keys", default=8, show_default=True),
+            click.option("--info-rate", default=0.03, show_default=True),
+            click.option("--workload", type=click.Choice(["kv", "cas"]), default="kv", show_default=True),
+            click.option("--seed", default=seed, show_default=True),
+        )):
+            fn = opt(fn)
+        return fn
+
+    return apply
+
+
 @click.command()
-@click.option("--clients", default=50, show_default=True)
-@click.option("--ops", "n_ops", default=10_000, show_default=True)
-@click.option("--keys", default=8, show_default=True)
-@click.option("--info-rate", default=0.03, show_default=True)
-@click.option("--workload", type=click.Choice(["kv", "cas"]), default="kv", show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@history_options(seed=0)
 @click.option("--corrupt", is_flag=True, help="Make one key non-linearizable (a stale read).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="JSONL file (default stdout).")
 def main(

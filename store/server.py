@@ -115,9 +115,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
         raise NodeError(f"id {raw['id']!r} is not a number") from None
     if node_id not in peers:
         raise NodeError(f"node {node_id} is not in the peer list {sorted(peers)} (unknown peer)")
-    if "listen" in raw and parse_address(raw["listen"], "listen address") != peers[node_id]:
-        listen = parse_address(raw["listen"], "listen address")
-        peers[node_id] = listen
+    if "listen" in raw:  # may differ from the advertised address (e.g. 0.0.0.0)
+        peers[node_id] = parse_address(raw["listen"], "listen address")
     host, port = peers[node_id]
     client = parse_address(raw["client"], "client address") if raw.get("client") else (host, port + 100)
     cfg = NodeConfig(node_id=node_id, peers=peers, client_address=client, data_dir=str(raw["data_dir"]))
