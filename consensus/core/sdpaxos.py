@@ -227,6 +227,8 @@ class SDPaxosReplica(ReplicaBase):
         self.assigned = [0] * n  # O-slots naming each CL in my log
         self._new_slots: list[int] = []
         self._commit_sent = [0] * n
+        # Per peer: when its O-accept resend timer started (something became outstanding,
+        # its acked prefix advanced, or we resent from it).
         self._oaccept_tick = [0] * n
         self._deferred: list[tuple[int, int, list]] = []  # C-requests while recovering
         self.recover_end = 0
@@ -899,7 +901,10 @@ class SDPaxosReplica(ReplicaBase):
             for dst in range(self.n):
                 if dst != self.id:
                     self.send(dst, msg)
-                    self._oaccept_tick[dst] = self.now
+                    if self.acked[dst] >= start:
+                        # Nothing was outstanding: the resend timer starts now. Otherwise it
+                        # keeps running, so new traffic never postpones filling a gap.
+                        self._oaccept_tick[dst] = self.now
         self._recompute_majority()
 
     @handles(_handlers, OAck)
@@ -909,6 +914,7 @@ class SDPaxosReplica(ReplicaBase):
             return
         if m.prefix > self.acked[src]:
             self.acked[src] = m.prefix
+            self._oaccept_tick[src] = self.now  # progress: the resend timer restarts
             self._recompute_majority()
 
     def _recompute_majority(self) -> None:
