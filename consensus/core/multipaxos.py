@@ -441,9 +441,9 @@ class MultiPaxosReplica(ReplicaBase):
         if m.view < self.view:
             self.send(src, Ping(self.view, -1))
             return
+        if self.now < self.no_vote_until:
+            return  # restarted: wait before voting, in any view (as SDPaxos does)
         if m.view > self.view:
-            if self.now < self.no_vote_until:
-                return
             self._adopt_view(m.view)
         slots = [[j, s.view, s.batch, s.committed] for j, s in sorted(self.log.items()) if j >= m.from_slot]
         self.send(src, Vote(self.view, self.committed, slots, []))

@@ -240,6 +240,7 @@ class SDPaxosReplica(ReplicaBase):
         self.last_heard = 0
         self.election_due = self._election_deadline()
         self.lease_until = 0  # my promise: no vote for another sequencer before this
+        self.lease_to = -1  # ... the sequencer that promise is to (it may get my vote)
         self.no_vote_until = cfg.lease_ticks  # a restart forgets promises: wait one lease
         self.lease_acks = [-1] * n  # sequencer: ping tick each replica last answered
         self.lease_expiry = -1  # sequencer: lease valid while now < lease_expiry
@@ -1282,11 +1283,14 @@ class SDPaxosReplica(ReplicaBase):
             # the view); the candidate catches up from our snapshot and tries again.
             self.send(src, self._compacted_notice())
             return
+        # The promises hold in every view: a replica joins a candidate's view from any
+        # message (its pings, say) without voting, so a retried VRequest may come in
+        # our own view and must meet the same conditions as the first one.
+        if self.now < self.no_vote_until:
+            return  # restarted: we may have promised a lease we no longer remember
+        if self.now < self.lease_until and self.lease_to != src:
+            return  # our lease promise to another sequencer still holds
         if m.view > self.view:
-            if self.now < self.no_vote_until:
-                return
-            if self.now < self.lease_until and self.sequencer != src:
-                return  # our lease promise to the current sequencer still holds
             self._adopt_view(m.view)
         slots = [
             [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
@@ -1426,6 +1430,7 @@ class SDPaxosReplica(ReplicaBase):
 
     def _ping(self) -> None:
         self.lease_until = self.now + self.cfg.lease_ticks
+        self.lease_to = self.id
         self.broadcast(Ping(self.view, self.now))
 
     @handles(_handlers, Ping)
@@ -1441,6 +1446,7 @@ class SDPaxosReplica(ReplicaBase):
         self._heard_from_sequencer()
         if self.distrust_view != self.view:
             self.lease_until = self.now + self.cfg.lease_ticks
+            self.lease_to = src
             self.send(src, Pong(self.view, m.tick))
 
     @handles(_handlers, Pong)
