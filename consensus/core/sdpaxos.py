@@ -152,11 +152,23 @@ class CInst:
         self.ballot = ballot
         self.cmds = cmds
         self.committed = False
-        self.acks = 0  # bitmask of acceptors (proposer only)
+        self.acks = 0  # bitmask of acceptors of ``ballot`` (proposer only)
         self.sent_to = 0  # bitmask of peers the accept went to (proposer only)
         self.sent_tick = 0
         self.born = 0  # tick proposed (proposer only, straggler detection)
         self.done = -1  # tick committed (proposer only)
+
+
+def accept_value(c: CInst, ballot: int, cmds: list | None) -> None:
+    """The acceptor record of ``c`` takes ``(ballot, cmds)``.
+
+    The proposer's tally counts acks of one ballot only: when the ballot changes,
+    acks gathered for the old one no longer count (a quorum mixing ballots chooses
+    nothing), so it restarts from our own acceptance of the new one.
+    """
+    if ballot != c.ballot:
+        c.acks = 0
+    c.ballot, c.cmds = ballot, cmds
 
 
 class OSlot:
@@ -666,7 +678,8 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[m.inst] = CInst(m.ballot, m.cmds)
             else:
-                c.ballot, c.cmds = m.ballot, m.cmds
+                accept_value(c, m.ballot, m.cmds)
+                c.acks |= 1 << self.id
             self.promised[m.leader] = m.ballot
             if m.inst > self.c_max[m.leader]:
                 self.c_max[m.leader] = m.inst
@@ -727,7 +740,7 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[m.inst] = c = CInst(m.ballot, m.cmds)
             else:
-                c.ballot, c.cmds = m.ballot, m.cmds
+                accept_value(c, m.ballot, m.cmds)
             if m.inst > self.c_max[m.leader]:
                 self.c_max[m.leader] = m.inst
             self.persist(["C", m.leader, m.inst, m.ballot, m.cmds])
@@ -831,7 +844,7 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[inst] = c = CInst(rec.ballot, cmds)
             else:
-                c.ballot, c.cmds = rec.ballot, cmds
+                accept_value(c, rec.ballot, cmds)
             c.acks = 1 << self.id
             c.sent_tick = self.now
             if inst > self.c_max[leader]:
@@ -846,16 +859,16 @@ class SDPaxosReplica(ReplicaBase):
             self.unready = dict(sorted(self.unready.items()))
             del self.crec[leader]
             if self.id != self.sequencer:
-                for inst in self.unready:
-                    self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
+                for inst, c in self.unready.items():
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
         elif not rec.accepting:
             del self.crec[leader]
         rec.promises = {}
 
     def _recovery_ack(self, rec: CRecovery, src: int, inst: int) -> None:
         c = rec.accepting.get(inst)
-        if c is None or c.committed:
-            return
+        if c is None or c.committed or c.ballot != rec.ballot:
+            return  # decided, or a higher ballot took over this instance here
         c.acks |= 1 << src
         if c.acks.bit_count() >= self.quorum:
             del rec.accepting[inst]
