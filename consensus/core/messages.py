@@ -262,19 +262,22 @@ class VRequest(Message):
     from_slot: int
 
 
-@_message(41, _INT, _INT, _LIST, _LIST)
+@_message(41, _INT, _INT, _LIST, _LIST, _INT)
 class Vote(Message):
     """A vote for ``view``: the voter's accepted slots ``>= from_slot`` and C-state.
 
     ``slots``: SDPaxos ``[[slot, leader, view_accepted, committed], ...]``;
     Multi-Paxos ``[[slot, view_accepted, batch, committed], ...]``.
     ``c_max``: per command leader, the highest C-instance accepted here (-1: none).
+    ``o_view``: the highest view whose sequencer's O-accepts the voter took (SDPaxos,
+    Fig. 7: tells the candidate which sequencer may have proposed slots it cannot see).
     """
 
     view: int
     committed: int
     slots: list
     c_max: list
+    o_view: int
 
 
 @_message(42, _INT, _INT)

@@ -259,8 +259,11 @@ class SDPaxosReplica(ReplicaBase):
         self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
-        # The last view in which we saw a sequencer serve (Fig. 7 needs who that was).
-        self._prev_view = self.view
+        # The highest view whose sequencer's O-accepts we took (or, as sequencer, made).
+        # Durable ("O" and "AV" records). A view serves only once a majority took its
+        # O-accepts, so a majority of votes always shows the last view that served:
+        # Fig. 7 needs that view's sequencer to know whose slots may be unseen.
+        self.o_view = self.view
         self._vote_tick = 0
         # Reads
         self._next_rid = 0
@@ -339,6 +342,7 @@ class SDPaxosReplica(ReplicaBase):
                 self.promised[rec[1]] = max(self.promised[rec[1]], rec[2])
             elif kind == "O":
                 _, view, start, leaders = rec
+                self.o_view = max(self.o_view, view)
                 for k, leader in enumerate(leaders):
                     if start + k < self.floor_slot:
                         continue  # covered by the snapshot
@@ -352,6 +356,8 @@ class SDPaxosReplica(ReplicaBase):
                     if slot is not None:
                         slot.committed = True
                 self.o_committed = max(self.o_committed, upto)
+            elif kind == "AV":
+                self.o_view = max(self.o_view, rec[1])
             elif kind == "V":
                 if rec[1] > self.view:
                     self.view = rec[1]
@@ -370,7 +376,6 @@ class SDPaxosReplica(ReplicaBase):
                 c.acks = 1 << self.id
                 self.unready[inst] = c  # re-proposed by the resend timer
         self._reset_prefix()
-        self._prev_view = self.view
         if self.id == self.sequencer:
             self._rebuild_sequencer_state(self.o_prefix)
         self._execute()
@@ -557,7 +562,7 @@ class SDPaxosReplica(ReplicaBase):
 
     def _live_records(self) -> list:
         """Persist-records restating every durable fact above the floor."""
-        out: list = [["V", self.view]]
+        out: list = [["V", self.view], ["AV", self.o_view]]
         for leader in range(self.n):
             ballot = max(self.promised[leader], self._floor_ballot[leader])
             if ballot > 0:
@@ -908,6 +913,7 @@ class SDPaxosReplica(ReplicaBase):
         self._propose_slots(start, leaders)
 
     def _propose_slots(self, start: int, leaders: list[int]) -> None:
+        self.o_view = self.view
         self.persist(["O", self.view, start, leaders])
         self._advance_o_prefix()
         for lo in range(0, len(leaders), OSLOTS_PER_MSG_MAX):
@@ -985,6 +991,10 @@ class SDPaxosReplica(ReplicaBase):
             named_seq = named_seq or leader == self.sequencer
         if fresh:
             self.persist(["O", m.view, m.start, m.leaders])
+        elif m.view > self.o_view:
+            self.persist(["AV", m.view])  # took this view's O-accepts, all already known
+        if m.view > self.o_view:
+            self.o_view = m.view
         if replaced:
             self._recount_mine()
         old = self.o_prefix
@@ -1258,8 +1268,6 @@ class SDPaxosReplica(ReplicaBase):
 
     def _heard_from_sequencer(self) -> None:
         self.last_heard = self.now
-        if self.phase == "normal":
-            self._prev_view = self.view
         if self.distrust_view != self.view:  # a judged straggler does not hold off elections
             self.election_due = self._election_deadline()
 
@@ -1308,7 +1316,7 @@ class SDPaxosReplica(ReplicaBase):
         slots = [
             [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
         ]
-        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max)))
+        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view))
 
     @handles(_handlers, Vote)
     def _on_vote(self, src: int, m: Vote) -> None:
@@ -1346,12 +1354,17 @@ class SDPaxosReplica(ReplicaBase):
         log: dict[int, int] = {j: e[0] for j, e in best.items()}
         end = max(log) + 1 if log else base
         if self.n == 5:
-            self._fig7(base, log, best, voters)
+            self._fig7(base, log, voters)
             end = max(log) + 1 if log else base
+            if end == base:
+                # Nothing to re-propose: propose one no-cl slot anyway and serve only
+                # once a majority took it, so that every later majority holds a
+                # voter that knows this view served (its o_view, for Fig. 7).
+                log[base] = NOCL
+                end = base + 1
         leaders = [log.get(j, NOCL) for j in range(base, end)]
         # Become the sequencer of this view.
         self.phase = "recovering"
-        self._prev_view = self.view
         self.stats["elections"] += 1
         self._last_view_change = self.now
         for k, leader in enumerate(leaders):
@@ -1381,13 +1394,15 @@ class SDPaxosReplica(ReplicaBase):
             self._start_serving()
         self._ping()
 
-    def _fig7(self, base: int, log: dict[int, int], best: dict, voters: list[int]) -> None:
+    def _fig7(self, base: int, log: dict[int, int], voters: list[int]) -> None:
         """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
         replica R_m that neither voted nor was the last sequencer; give them to R_m
         until it owns as many slots as C-instances a voter accepted from it."""
-        # The last sequencer that may have proposed unseen slots: the highest view
-        # among the reported slots, or the view we knew before our candidacy.
-        last_view = max([e[1] for e in best.values() if not e[2]] + [self._prev_view])
+        # The last sequencer that may have proposed unseen slots. It served only once
+        # a majority took its O-accepts, so some voter reports its view (o_view); a
+        # higher reported view whose sequencer never served re-proposed every slot
+        # that may have been executed, to the voter that reports it.
+        last_view = max([self.o_view] + [v.o_view for v in self.votes.values()])
         last_seq = ballot_owner(last_view)
         if last_seq in voters:
             return  # the last sequencer reported every slot it proposed: no blind spot

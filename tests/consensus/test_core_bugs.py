@@ -144,3 +144,75 @@ def test_a_re_prepared_instance_is_ordered_with_its_keys():
     sim._drain(0)
     sim.run(until_ms=t + 5)
     assert [r[2] for r in replies if r[:2] == (100, 1)] in ([], ["v2"]), "a lease read at the sequencer returned k=v1"
+
+
+def test_fig7_finds_the_last_sequencer_through_its_voters():
+    """Bug 2 (N=5, never more than two replicas down). R0 (the sequencer) crashes and
+    R2 is isolated; R1 wins with the votes of R3 and R4; nothing of R1's reaches R3.
+    R0 restarts; R4's write is acknowledged on the N=5 fast path, its O-slot seen by
+    R1 and R4 only. R1 and R4 crash; R2 takes office with voters {R0, R3, R2}. It
+    must see that R1 served (R1 could not serve before a majority took its
+    O-accepts: R0 did, and says so in its vote) and give R4's slot back to R4
+    (Fig. 7), or its next command takes R4's executed slot."""
+    sim, replies = quiet(replicas=5)
+    for node in (1, 2, 3):
+        sim.nodes[node].propose(100 + node, 1, ["put", f"k{node}", "a"])
+        sim._drain(node)
+    sim.run(until_ms=1100)
+    only = {"candidate": 1, "cut": ()}
+
+    def keep(src, dst, m):
+        if type(m).__name__ == "VRequest" and src != only["candidate"]:
+            return False
+        return (src, dst) not in only["cut"] or type(m).__name__ == "VRequest"
+
+    sim.msg_filter = keep
+    sim.crash(0)
+    sim.net.isolate(2)
+    # Who stands, and when, is this schedule's choice: only the named candidate does.
+    never = 10**9
+    for r in (1, 3, 4):
+        sim.nodes[r].election_due = never
+    sim.run(until_ms=1700)  # every lease promise to R0 has run out
+    sim.nodes[1]._start_election()
+    sim._drain(1)
+    t = 1700
+    only["cut"] = ((1, 3),)  # nothing of R1's but its VRequest reaches R3
+    t = step_until(sim, lambda: sim.nodes[1].phase in ("recovering", "normal"), t, t + 3000)
+    assert t is not None, "R1 took office with R3's and R4's votes"
+    sim.restart(0)
+    sim.nodes[0].no_vote_until = never  # R0 restarts as the stale owner of view 0: keep it out
+    t = step_until(sim, lambda: sim.nodes[1].phase == "normal", t, t + 3000)
+    assert t is not None, "R1 serves once a majority (R0, R4) took its O-accepts"
+    only["cut"] = ((1, 3), (1, 0))  # from now on R1's O-accepts reach R4 only
+    inst = sim.nodes[4].next_inst
+    sim.nodes[4].propose(104, 1, ["put", "x", "from-r4"])
+    sim._drain(4)
+    t = step_until(sim, lambda: any(r[:2] == (104, 1) for r in replies), t, t + 1000)
+    assert t is not None, "R4's write was acknowledged"
+    slot = next(j for j, s in sorted(sim.nodes[4].oslots.items()) if s.leader == 4 and sum(
+        1 for i, o in sim.nodes[4].oslots.items() if o.leader == 4 and i <= j) == inst + 1)
+    t = step_until(sim, lambda: sim.nodes[4].exec_slot > slot, t, t + 1000)
+    assert t is not None, "R4 executed its write (fast path: its slot is committed there)"
+    assert all(slot not in sim.nodes[r].oslots for r in (0, 2, 3)), "no survivor saw R4's slot"
+    sim.crash(1)
+    sim.crash(4)
+    sim.net.heal()
+    only["cut"] = ()
+    only["candidate"] = 2
+    sim.nodes[0].no_vote_until = 0
+    for r in (0, 3):
+        sim.nodes[r].election_due = never
+    sim.run(until_ms=t + 600)  # R0's lease promise to R1 runs out
+    sim.nodes[2]._start_election()
+    sim._drain(2)
+    t += 600
+    t = step_until(sim, lambda: sim.nodes[2].phase == "normal" and sim.nodes[2].sequencer == 2, t, t + 6000)
+    assert t is not None, "R2 took office with R0's and R3's votes"
+    assert getattr(sim.nodes[2].oslots.get(slot), "leader", None) == 4, "Fig. 7 gave R4's executed slot back to R4"
+    sim.msg_filter = None
+    sim.nodes[3].propose(103, 2, ["put", "y", "after"])
+    sim._drain(3)
+    sim.run()
+    result = sim.summary()
+    assert result["consistent"] and result["lost_acked"] == 0, result
