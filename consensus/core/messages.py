@@ -330,6 +330,23 @@ class Straggler(Message):
     slow: bool
 
 
+@_message(48, _INT)
+class PreVote(Message):
+    """Would you vote for me in ``view``? (Raft's pre-vote.) Changes nothing at the
+    receiver: a replica cut off from a healthy majority never raises its view."""
+
+    view: int
+
+
+@_message(49, _INT, _BOOL)
+class PreVoteReply(Message):
+    """Answer to the pre-vote for ``view`` (``ok``: I have not heard from a live
+    sequencer for an election timeout, and no lease promise holds me back)."""
+
+    view: int
+    ok: bool
+
+
 def encode_message(msg: Message) -> list:
     return [msg.code, *[getattr(msg, f) for f in msg.__slots__]]
 

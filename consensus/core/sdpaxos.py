@@ -122,6 +122,8 @@ from .messages import (
     RReply,
     RRequest,
     Straggler,
+    PreVote,
+    PreVoteReply,
     Vote,
     VRequest,
 )
@@ -225,6 +227,9 @@ class SDPaxosReplica(ReplicaBase):
         self.next_inst = 0
         self.unready: dict[int, CInst] = {}  # my instances not yet answered, by inst
         self.crec: dict[int, CRecovery] = {}
+        # Per leader: no recovery of its instances from here before this tick (we saw
+        # a higher ballot at work on them, or our attempt timed out: back off).
+        self._crec_after = [0] * n
         # O-log
         self.oslots: dict[int, OSlot] = {}
         self.o_prefix = 0  # slots below are accepted in this view or committed
@@ -259,6 +264,9 @@ class SDPaxosReplica(ReplicaBase):
         self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
+        # Pre-vote (Raft §9.6): the view we would stand for, and who would vote for it.
+        self._prevote_view = -1
+        self._prevotes: set[int] = set()
         # The highest view whose sequencer's O-accepts we took (or, as sequencer, made).
         # Durable ("O" and "AV" records). A view serves only once a majority took its
         # O-accepts, so a majority of votes always shows the last view that served:
@@ -805,6 +813,13 @@ class SDPaxosReplica(ReplicaBase):
         if m.ballot > self.promised[m.leader]:
             self.promised[m.leader] = m.ballot
             self.persist(["P", m.leader, m.ballot])
+            rec = self.crec.get(m.leader)
+            if rec is not None and m.leader != self.id and rec.ballot < m.ballot:
+                # A peer recovers the same instances with a higher ballot: let it
+                # finish rather than duel (with every live replica in the quorum,
+                # two recoverers that keep re-preparing never decide anything).
+                del self.crec[m.leader]
+                self._crec_after[m.leader] = self.now + self.cfg.resend_ticks
         self.send(src, CPromise(self.view, m.leader, m.ballot, True, self._accepted_from(m.leader, m.from_inst)))
 
     @handles(_handlers, CPromise)
@@ -1275,7 +1290,49 @@ class SDPaxosReplica(ReplicaBase):
         base = self.cfg.election_ticks
         return self.now + base + self.rng.randrange(max(1, base // 2))
 
+    def _start_prevote(self) -> None:
+        """Ask whether a majority would vote before raising our view: a replica cut
+        off from a healthy majority then never forces a view change when it returns.
+        Retried at every election deadline."""
+        self._prevote_view = make_ballot(ballot_round(self.view) + 1, self.id)
+        self._prevotes = {self.id}
+        self.election_due = self._election_deadline()
+        self.broadcast(PreVote(self._prevote_view))
+
+    def _grants_prevote(self, src: int, view: int) -> bool:
+        if view <= self.view or self.now < self.no_vote_until:
+            return False
+        if self.now < self.lease_until and self.lease_to != src:
+            return False
+        if self.id == self.sequencer:
+            return self.phase != "normal"  # serving: we are the live sequencer
+        # A live sequencer we heard from within an election timeout keeps our support,
+        # unless a majority judged it a straggler.
+        return self.now - self.last_heard >= self.cfg.election_ticks or self.distrust_view == self.view
+
+    @handles(_handlers, PreVote)
+    def _on_prevote(self, src: int, m: PreVote) -> None:
+        if ballot_owner(m.view) != src:
+            return
+        # No view is adopted here: the pre-vote's view is only a proposal.
+        self.send(src, PreVoteReply(m.view, self._grants_prevote(src, m.view)))
+        if m.view <= self.view:
+            self.send(src, Ping(self.view, -1))  # it is behind: tell it our view
+
+    @handles(_handlers, PreVoteReply)
+    def _on_prevote_reply(self, src: int, m: PreVoteReply) -> None:
+        if not m.ok or m.view != self._prevote_view:
+            return
+        if ballot_round(self.view) >= ballot_round(m.view):
+            self._prevote_view = -1  # we moved to this view or past it meanwhile
+            return
+        self._prevotes.add(src)
+        if len(self._prevotes) >= self.quorum:
+            self._prevote_view = -1
+            self._start_election()
+
     def _start_election(self) -> None:
+        self._prevote_view = -1
         view = make_ballot(ballot_round(self.view) + 1, self.id)
         self.view = view
         self.sequencer = self.id
@@ -1593,8 +1650,8 @@ class SDPaxosReplica(ReplicaBase):
                     self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
         if self.id == self.sequencer:
             if self.phase == "stale":
-                if now >= self.no_vote_until:
-                    self._start_election()
+                if now >= self.no_vote_until and now >= self.election_due:
+                    self._start_prevote()
             elif self.phase == "candidate":
                 if now - self._vote_tick >= cfg.heartbeat_ticks:
                     self._vote_tick = now
@@ -1604,12 +1661,15 @@ class SDPaxosReplica(ReplicaBase):
             else:
                 self._sequencer_tick()
         elif now >= self.election_due and now >= self.no_vote_until and now >= self.lease_until:
-            self._start_election()
+            self._start_prevote()
         if self._blocked_on is not None:
             self._on_blocked_tick()
         for leader, rec in list(self.crec.items()):
             if now - rec.started >= resend:
                 del self.crec[leader]  # stuck (lost messages, competing ballots): retry
+                # ... after a random share of a resend period, so that competing
+                # recoverers do not restart in lockstep.
+                self._crec_after[leader] = now + self.rng.randrange(max(1, resend))
                 if leader == self.id:
                     self._start_crecovery(leader, min(self.unready, default=rec.from_inst), max(rec.need, self.next_inst - 1))
         if self._reads:
@@ -1671,7 +1731,7 @@ class SDPaxosReplica(ReplicaBase):
             due = max(0, self.heard[leader] + self.cfg.election_ticks + stagger - self._blocked_since)
         else:
             due = self.cfg.recovery_ticks * (1 + distance)
-        if waited >= due:
+        if waited >= due and self.now >= self._crec_after[leader]:
             self._start_crecovery(leader, inst, inst)
 
     def _fetch_missing(self) -> None:

@@ -26,6 +26,8 @@ SAMPLES = [
     M.Compacted(33, 120, 1, 40),
     M.VRequest(33, 10),
     M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2], 33),
+    M.PreVote(65),
+    M.PreVoteReply(65, True),
     M.Ping(33, 1234),
     M.Pong(33, 1234),
     M.RRequest(33, 7, "key"),
