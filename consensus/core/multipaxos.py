@@ -28,6 +28,7 @@ from .config import ProtocolConfig, ballot_owner, ballot_round, make_ballot
 from .messages import Forward, MAccept, MAck, MCommit, Message, Ping, Vote, VRequest
 from .ready import Reply
 from .replica import ALIVE, ReplicaBase, handles
+from .rules import pick_highest
 from .statemachine import StateMachine
 
 SLOTS_PER_MSG_MAX = 1024
@@ -463,16 +464,9 @@ class MultiPaxosReplica(ReplicaBase):
 
     def _take_office(self) -> None:
         base = self.vote_base
-        best: dict[int, tuple[int, list | None, bool]] = {}
-        reports = [[[j, s.view, s.batch, s.committed] for j, s in self.log.items() if j >= base]]
+        reports = [[(j, s.view, s.batch, s.committed) for j, s in self.log.items()]]
         reports += [v.slots for v in self.votes.values()]
-        for report in reports:
-            for j, view, batch, committed in report:
-                if j < base:
-                    continue
-                cur = best.get(j)
-                if cur is None or (committed and not cur[2]) or (not cur[2] and view > cur[0]):
-                    best[j] = (view, batch, committed)
+        best = pick_highest(reports, base)  # slot -> (view, batch, committed)
         end = max(best) + 1 if best else base
         batches = [best[j][1] if j in best else None for j in range(base, end)]  # holes: no-op
         for k, batch in enumerate(batches):

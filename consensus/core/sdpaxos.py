@@ -129,6 +129,7 @@ from .messages import (
 )
 from .ready import Reply
 from .replica import ALIVE, ReplicaBase, handles
+from .rules import fig7_fill, pick_highest, ready_limit
 from .statemachine import StateMachine
 
 # Most O-slot values carried by one OAccept or OCommit (bounds message size).
@@ -843,12 +844,7 @@ class SDPaxosReplica(ReplicaBase):
 
     def _recovery_propose(self, rec: CRecovery) -> None:
         """Phase 2 of recovery: the highest-ballot value per instance, else a no-op."""
-        best: dict[int, tuple[int, Any, bool]] = {}
-        for accepted in rec.promises.values():
-            for inst, ballot, cmds, committed in accepted:
-                cur = best.get(inst)
-                if cur is None or (committed and not cur[2]) or (not cur[2] and ballot > cur[0]):
-                    best[inst] = (ballot, cmds, committed)
+        best = pick_highest(rec.promises.values())
         upto = max([rec.need] + list(best))
         leader = rec.leader
         log = self.clog[leader]
@@ -1124,9 +1120,7 @@ class SDPaxosReplica(ReplicaBase):
 
     def _ready_count(self) -> int:
         """How many of my C-instances have their O-side satisfied (Fig. 5)."""
-        if self.n == 5:
-            return self.my_in_majority if self.id == self.sequencer else self.my_in_prefix
-        return self.my_committed
+        return ready_limit(self.n, self.id == self.sequencer, self.my_committed, self.my_in_prefix, self.my_in_majority)
 
     def _check_ready(self) -> None:
         if not self.unready:
@@ -1398,17 +1392,10 @@ class SDPaxosReplica(ReplicaBase):
         # vote reported all slots >= vote_base (voters compacted past it refuse).
         base = max(self.vote_base, self.floor_slot)
         voters = sorted(self.votes) + [self.id]
-        best: dict[int, tuple[int, int, bool]] = {}  # slot -> (leader, view, committed)
-        reports = [[[j, s.leader, s.view, s.committed] for j, s in self.oslots.items() if j >= base]]
-        reports += [v.slots for v in self.votes.values()]
-        for report in reports:
-            for j, leader, view, committed in report:
-                if j < base:
-                    continue
-                cur = best.get(j)
-                if cur is None or (committed and not cur[2]) or (not cur[2] and view > cur[1]):
-                    best[j] = (leader, view, committed)
-        log: dict[int, int] = {j: e[0] for j, e in best.items()}
+        reports = [[(j, s.view, s.leader, s.committed) for j, s in self.oslots.items()]]
+        reports += [[(j, view, leader, committed) for j, leader, view, committed in v.slots] for v in self.votes.values()]
+        best = pick_highest(reports, base)  # slot -> (view, leader, committed)
+        log: dict[int, int] = {j: e[1] for j, e in best.items()}
         end = max(log) + 1 if log else base
         if self.n == 5:
             self._fig7(base, log, voters)
@@ -1472,27 +1459,7 @@ class SDPaxosReplica(ReplicaBase):
             return
         needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
         below = self.floor_inst[m] + sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
-        if below >= needed:
-            return
-        while True:
-            # Is R_m's needed-th slot there, with no empty O-instance before it?
-            seen, first_empty, satisfied = below, None, False
-            for j in range(base, max(log, default=base - 1) + 2):
-                leader = log.get(j)
-                if leader is None:
-                    if first_empty is None:
-                        first_empty = j
-                    continue
-                if leader == m:
-                    seen += 1
-                    if seen == needed:
-                        satisfied = first_empty is None
-                        break
-            if satisfied:
-                return
-            if first_empty is None:
-                first_empty = max(log, default=base - 1) + 1
-            log[first_empty] = m  # propose R_m in the first empty O-instance
+        fig7_fill(log, base, m, needed, below)
 
     def _rebuild_sequencer_state(self, end: int) -> None:
         end = max(end, self.floor_slot)
