@@ -1284,6 +1284,24 @@ class SDPaxosReplica(ReplicaBase):
         base = self.cfg.election_ticks
         return self.now + base + self.rng.randrange(max(1, base // 2))
 
+    def _lost_quorum(self) -> bool:
+        """Check-quorum (Raft §6.2): a serving sequencer that has heard nothing from a
+        majority (itself included) for an election timeout cannot commit anything."""
+        now, timeout = self.now, self.cfg.election_ticks
+        if now - self._last_view_change < timeout or now < timeout:
+            return False
+        heard = sum(1 for p in range(self.n) if p != self.id and now - self.heard[p] < timeout)
+        return heard + 1 < self.quorum
+
+    def _step_down(self) -> None:
+        """Stop serving: no more pings, so peers that still hear us (an asymmetric
+        cut) time out and elect a sequencer a majority can reach; our pre-vote, like
+        theirs, must then win a majority."""
+        self.phase = "stale"
+        self.lease_expiry = -1
+        self.election_due = self._election_deadline()
+        self.stats["step_downs"] = self.stats.get("step_downs", 0) + 1
+
     def _start_prevote(self) -> None:
         """Ask whether a majority would vote before raising our view: a replica cut
         off from a healthy majority then never forces a view change when it returns.
@@ -1625,6 +1643,8 @@ class SDPaxosReplica(ReplicaBase):
                     self.broadcast(VRequest(self.view, self.vote_base))
                 if now >= self.election_due:
                     self._start_election()  # split vote or no majority: next round
+            elif self._lost_quorum():
+                self._step_down()
             else:
                 self._sequencer_tick()
         elif now >= self.election_due and now >= self.no_vote_until and now >= self.lease_until:

@@ -72,3 +72,14 @@ def test_a_pre_vote_changes_nothing_at_the_receiver():
     assert r1.view == view and r1.lease_until == lease and rd.persist == []
     replies = [m for dst, msgs in rd.messages for m in msgs if isinstance(m, PreVoteReply)]
     assert replies == [PreVoteReply(view + 64 + 2, False)], "R1 hears from its sequencer: no"
+
+
+@pytest.mark.parametrize("replicas", [3, 5])
+def test_a_sequencer_nobody_can_answer_steps_down(replicas):
+    """Check-quorum: every link into the sequencer is cut, none out of it. Its pings
+    still arrive, so no peer would time out; it must step down by itself."""
+    faults = [(500, "cut", r, 0) for r in range(1, replicas)] + [(3500, "heal")]
+    sim = run(faults, replicas, 0, seconds=4.0)
+    assert_safe(sim)
+    assert sim.all_replicas[0].stats.get("step_downs", 0) >= 1
+    assert all(node.sequencer != 0 for node in sim.nodes)
