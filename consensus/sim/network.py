@@ -40,6 +40,10 @@ class SimNetwork:
         """Drop everything from ``src`` to ``dst`` (one way)."""
         self.blocked.add((src, dst))
 
+    def uncut(self, src: int, dst: int) -> None:
+        """Deliver from ``src`` to ``dst`` again (the other direction is untouched)."""
+        self.blocked.discard((src, dst))
+
     def isolate(self, node: int) -> None:
         for other in range(self.n):
             if other != node:

@@ -11,6 +11,13 @@ Each replica has a durable "disk": the records of its ``Ready.persist``, written
 before its messages leave (persist-before-send). A crash throws the replica object
 away (volatile state is lost); a restart builds a new one from the disk.
 
+With ``disk_sync_ms`` > 0 the disk is a ``SimDisk`` (``disk.py``) that tells written
+from synced records: the driver appends a Ready's records, syncs (group commit, one
+sync in flight, ``disk_sync_ms`` plus up to ``disk_sync_jitter_ms``), and only then
+sends its messages and replies; a peer's snapshot is installed after that. A crash
+loses what was not synced (``lose_unsynced_on_crash``; ``disk_torn`` keeps a random
+prefix of it), so a core that answers before its record is durable is caught.
+
 Snapshots (``snapshot_every`` > 0, SDPaxos): whenever a replica's execution point
 moved that many slots past its last snapshot, the driver takes one, stores it as the
 node's latest snapshot, calls ``compact`` and replaces the disk with the live
@@ -23,13 +30,21 @@ down or the link is cut); on arrival the driver installs it, stores it, compacts
 Each incarnation's executed log is kept in segments that start where execution
 jumped (restart from a snapshot, install); the checks merge them by slot.
 
+Faults beyond crash/partition (all opt-in by schedule): ``cut``/``uncut`` one direction
+of a link, ``block``/``unblock`` a set of directed links, ``drop`` one message type on a link
+(``-1`` for any end) until ``heal``/``undrop``, ``pause``/``resume`` a node (SIGSTOP:
+its events wait and are handled in order on resume).
+
 Closed-loop clients sit at sites next to replicas and send each command to their own
 replica; with ``client_timeout_ms`` they resend the same command (same client id and
 sequence number, so the replicas' sessions execute it at most once) to the next
-replica that is up.
+replica that is up. Gets go through the replica's ``read`` (the sequencer lease) when it
+has one; with ``cas_fraction`` some commands are compare-and-set on the same keys.
 
 At the end the run stops the clients, lets the cluster drain, and checks:
 ``consistent`` (every replica incarnation executed a prefix of one sequence),
+``agreement`` (every incarnation that executed slot s executed the same batch there;
+replicas at the same execution point hold the same state),
 ``lost_acked`` (acknowledged commands that were not applied), ``duplicated``
 (commands applied twice), and that every result a client saw equals what a
 sequential replay of the executed order produces.
@@ -53,12 +68,15 @@ from consensus.core.sdpaxos import SDPaxosReplica
 from consensus.kv import KVStateMachine
 
 from .geo import peer_order, sites_for
+from .disk import SimDisk
 from .network import SimNetwork
 
 PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
 
 # Event kinds
-_TICK, _DELIVER, _REQUEST, _REPLY, _CLIENT_TIMEOUT, _FAULT, _CLIENT_START, _SNAP_REQ, _SNAP_DATA = range(9)
+_TICK, _DELIVER, _REQUEST, _REPLY, _CLIENT_TIMEOUT, _FAULT, _CLIENT_START, _SNAP_REQ, _SNAP_DATA, _DISK_SYNC = range(10)
+# Events a node's process must handle itself (held while it is paused); ``a`` is the node.
+_NODE_KINDS = frozenset((_TICK, _DELIVER, _REQUEST, _SNAP_REQ, _SNAP_DATA, _DISK_SYNC))
 
 
 @dataclass
@@ -104,6 +122,21 @@ class SimConfig:
     # Take a snapshot (and compact the log) every this many executed slots; 0: never.
     snapshot_every: int = 0
     faults: list = field(default_factory=list)  # [(ms, action, *args)]
+    # --- Opt-in behaviour below: the defaults reproduce the original simulator exactly
+    # (same events, same random draws in the same order; tests/testdata/trace_corpus.json).
+    # Workload: this fraction of commands are ["cas", key, expected, new] on the same
+    # small key set, expected being the last value this client saw there (reads, its own
+    # writes); read_fraction of gets, the rest puts.
+    cas_fraction: float = 0.0
+    # SimDisk (consensus/sim/disk.py): a record is durable only after a sync that takes
+    # disk_sync_ms plus up to disk_sync_jitter_ms; a Ready's messages and replies wait
+    # for its records. 0: every write is durable at once and effects leave at once.
+    disk_sync_ms: float = 0.0
+    disk_sync_jitter_ms: float = 0.0
+    # With a SimDisk, a crash loses the records not yet synced (a machine crash) or,
+    # False, keeps them (only the process died); disk_torn keeps a random prefix of them.
+    lose_unsynced_on_crash: bool = True
+    disk_torn: bool = False
 
 
 @dataclass
@@ -118,6 +151,7 @@ class Client:
     attempt: int = 0
     active: bool = True
     history: list = field(default_factory=list)  # (t_invoke, t_complete, op, result, acked)
+    seen: dict = field(default_factory=dict)  # key -> last value seen (CAS workload)
 
 
 class Simulation:
@@ -134,6 +168,8 @@ class Simulation:
         self._work_rng = random.Random(root.getrandbits(64))
         self._node_seeds = [root.getrandbits(64) for _ in range(n)]
         self._tick_phase = [root.randrange(1000, int(cfg.tick_ms * 1000) + 1000) for _ in range(n)]
+        # Drawn after every draw above, so runs without a SimDisk are unchanged.
+        self._disk_rng = random.Random(root.getrandbits(64))
         one_way = [[max(1, int(round(self.rtt_ms[a][b] * 500))) for b in range(n)] for a in range(n)]
         self.net = SimNetwork(self._net_rng, one_way)
         self.net.jitter = cfg.jitter
@@ -196,6 +232,17 @@ class Simulation:
         self.msg_filter = None  # (src, dst, msg) -> keep?
         self.message_counts: dict[str, int] | None = None
         self.slowness = [1.0] * n
+        # Opt-in machinery; empty or None unless a config field or fault asks for it.
+        self.sim_disks: list[SimDisk] | None = None
+        self._sync_us = int(cfg.disk_sync_ms * 1000)
+        self._sync_jitter_us = int(cfg.disk_sync_jitter_ms * 1000)
+        if cfg.disk_sync_ms > 0:
+            self.sim_disks = [SimDisk(self.disks[i]) for i in range(n)]
+        self._drops: list[tuple] = []  # (message type name, src or -1, dst or -1)
+        self._paused: set[int] = set()
+        skew = list(cfg.tick_skew) + [0.0] * n
+        self._tick_us = [int(cfg.tick_ms * 1000 * (1 + skew[i])) for i in range(n)]
+        self._held: dict[int, list] = {}  # events of a paused node, in arrival order
         for node in range(n):
             self._start_node(node)
         for site in range(n):
@@ -237,6 +284,43 @@ class Simulation:
         if self.nodes[node] is not None:
             self.nodes[node] = None
             self.crashed_at[node] = self.now
+            if self.sim_disks is not None:
+                cfg = self.cfg
+                self.sim_disks[node].crash(cfg.lose_unsynced_on_crash, cfg.disk_torn, self._disk_rng)
+            if node in self._paused:
+                self.resume(node)  # a dead process is not paused; its held events lapse
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP: the node handles nothing (its events wait) until ``resume``."""
+        if self.nodes[node] is not None and node not in self._paused:
+            self._paused.add(node)
+            self._held[node] = []
+
+    def resume(self, node: int) -> None:
+        """SIGCONT: the clock catches up, then what arrived meanwhile is handled in order.
+
+        Ticks are never dropped (``consensus/runtime/node.py`` feeds every elapsed tick
+        after a stall): a replica counts its lease in its own ticks, so they must not
+        fall behind real time. Every tick that fell due while paused is delivered
+        first, then the held messages and requests.
+        """
+        if node not in self._paused:
+            return
+        self._paused.discard(node)
+        self.busy_until[node] = self.now
+        held = self._held.pop(node, [])
+        replica = self.nodes[node]
+        for t, _, kind, a, b, c in held:
+            if kind == _TICK and replica is not None and self.incarnation[node] == b:
+                step = self._tick_us[node]
+                while t <= self.now:
+                    replica.tick()
+                    t += step
+                self._drain(node)
+                self._push(t, _TICK, node, b)
+        for t, _, kind, a, b, c in held:
+            if kind != _TICK:
+                self._push(self.now, kind, a, b, c)
 
     def restart(self, node: int) -> None:
         if self.nodes[node] is None:
@@ -250,10 +334,28 @@ class Simulation:
         if elections != self._elections_seen[node]:
             self._elections_seen[node] = elections
             self.view_change_times.append(self.now)
+        if self.sim_disks is not None:
+            self._drain_to_disk(node, replica, rd)
+            return
         if rd.persist:
             self.disks[node].extend(rd.persist)
+        self._send(node, rd.messages, rd.replies)
+        if rd.executed:
+            self._record_executed(node, rd.executed)
+        if rd.snapshot_from is not None:
+            self._request_snapshot(node, rd.snapshot_from)
+        every = self._snapshot_every
+        if every and replica.exec_slot - self._snap_slot[node] >= every:
+            self._take_snapshot(node)
+
+    def _send(self, node: int, messages: list, replies: list) -> None:
+        """Messages to peers, then replies to clients (their records are durable)."""
         now = self.now
-        for dst, msgs in rd.messages:
+        for dst, msgs in messages:
+            if self._drops:
+                msgs = [m for m in msgs if not self._dropped(node, dst, m)]
+                if not msgs:
+                    continue
             if self.msg_filter is not None:
                 # Scripted scenarios drop chosen messages (etcd raft's msgHook).
                 msgs = [m for m in msgs if self.msg_filter(node, dst, m)]
@@ -267,33 +369,101 @@ class Simulation:
             self.messages_sent += 1
             for delay in self.net.plan(node, dst):
                 self._push(now + delay, _DELIVER, dst, node, (data, self.incarnation[dst], len(msgs)))
-        for reply in rd.replies:
+        for reply in replies:
             client = self.clients.get(reply.client)
             if client is not None:
                 delay = self.net.one_way_us[node][client.site] if client.site != node else self._local_us(node)
                 self._push(now + delay, _REPLY, reply.client, reply.seq, reply.result)
+
+    def _record_executed(self, node: int, executed: list) -> None:
+        """Observe what the node applied (the checks read these logs)."""
+        now = self.now
+        log = self._exec_log_of[node]
+        awaiting = self._awaiting_exec
+        for ex in executed:
+            ids = tuple((c[0], c[1]) for c in ex.cmds) if ex.cmds else ()
+            seg = self._exec_seg_of[node]
+            if not log:
+                self.exec_starts[seg] = ex.slot
+            elif ex.slot != self.exec_starts[seg] + len(log):
+                self._new_segment(node, ex.slot)  # execution jumped (snapshot)
+                log = self._exec_log_of[node]
+            log.append((tuple(ex.label), ids))
+            if awaiting:
+                for key in ids:
+                    hit = awaiting.get(key)
+                    if hit is not None and hit[1] == node:
+                        del awaiting[key]
+                        self.exec_latency_us[node].append(now - hit[0])
+
+    def _dropped(self, src: int, dst: int, msg: Any) -> bool:
+        name = type(msg).__name__
+        for kind, a, b in self._drops:
+            if kind == name and a in (-1, src) and b in (-1, dst):
+                return True
+        return False
+
+    # --- SimDisk: persist → sync → send → reply → install snapshot ----------------------
+
+    def _drain_to_disk(self, node: int, replica: Any, rd: Any) -> None:
+        disk = self.sim_disks[node]
         if rd.executed:
-            log = self._exec_log_of[node]
-            awaiting = self._awaiting_exec
-            for ex in rd.executed:
-                ids = tuple((c[0], c[1]) for c in ex.cmds) if ex.cmds else ()
-                seg = self._exec_seg_of[node]
-                if not log:
-                    self.exec_starts[seg] = ex.slot
-                elif ex.slot != self.exec_starts[seg] + len(log):
-                    self._new_segment(node, ex.slot)  # execution jumped (snapshot)
-                    log = self._exec_log_of[node]
-                log.append((tuple(ex.label), ids))
-                if awaiting:
-                    for key in ids:
-                        hit = awaiting.get(key)
-                        if hit is not None and hit[1] == node:
-                            del awaiting[key]
-                            self.exec_latency_us[node].append(now - hit[0])
-        if rd.snapshot_from is not None:
-            self._request_snapshot(node, rd.snapshot_from)
+            self._record_executed(node, rd.executed)  # in memory: happened already
+        records = self.disks[node]
+        if rd.persist:
+            records.extend(rd.persist)
+        if rd.messages or rd.replies or rd.snapshot_from is not None:
+            effects = (len(records), rd.messages, rd.replies, rd.snapshot_from)
+            if not disk.waiting and len(records) <= disk.synced:
+                self._release(node, effects)
+            else:
+                disk.waiting.append(effects)
+        if len(records) > disk.synced:
+            if disk.syncing is None:
+                self._start_sync(node)
+        elif not disk.waiting:
+            self._disk_snapshot_steps(node)
+
+    def _release(self, node: int, effects: tuple) -> None:
+        _mark, messages, replies, snapshot_from = effects
+        self._send(node, messages, replies)
+        if snapshot_from is not None:
+            self._request_snapshot(node, snapshot_from)
+
+    def _start_sync(self, node: int) -> None:
+        disk = self.sim_disks[node]
+        delay = self._sync_us
+        if self._sync_jitter_us:
+            delay += int(self._disk_rng.random() * self._sync_jitter_us)
+        disk.syncing = len(disk.records)
+        self._push(self.now + max(1, delay), _DISK_SYNC, node, (self.incarnation[node], disk.epoch), disk.syncing)
+
+    def _on_sync(self, node: int, inc: int, epoch: int, mark: int) -> None:
+        disk = self.sim_disks[node]
+        if self.nodes[node] is None or self.incarnation[node] != inc or disk.epoch != epoch:
+            return  # crashed, or the log was rewritten meanwhile
+        self._hash.update(b"Y%d,%d,%d," % (self.now, node, mark))
+        disk.syncing = None
+        disk.syncs += 1
+        if mark > disk.synced:
+            disk.synced = mark
+        waiting = disk.waiting
+        while waiting and waiting[0][0] <= disk.synced:
+            self._release(node, waiting.popleft())
+        if len(disk.records) > disk.synced:
+            self._start_sync(node)
+        self._disk_snapshot_steps(node)
+
+    def _disk_snapshot_steps(self, node: int) -> None:
+        """The last driver step: install a peer's snapshot that waited, take our own."""
+        disk = self.sim_disks[node]
+        if disk.install is not None:
+            peer, meta, state = disk.install
+            disk.install = None
+            self._install(node, peer, meta, state)
+            return
         every = self._snapshot_every
-        if every and replica.exec_slot - self._snap_slot[node] >= every:
+        if every and self.nodes[node] is not None and self.nodes[node].exec_slot - self._snap_slot[node] >= every:
             self._take_snapshot(node)
 
     # --- snapshots ----------------------------------------------------------------------
@@ -306,6 +476,13 @@ class Simulation:
         live = self.nodes[node].compact(meta)
         self.disks[node] = list(live)  # the WAL now starts with the live records
         self._hash.update(b"S%d,%d,%d," % (self.now, node, meta["slot"]))
+        if self.sim_disks is not None:
+            # Snapshot and fresh WAL are durable together: everything the replica
+            # holds is on disk, so whatever waited for a sync may leave now.
+            disk = self.sim_disks[node]
+            self.disks[node] = disk.rewrite(self.disks[node])
+            while disk.waiting:
+                self._release(node, disk.waiting.popleft())
 
     def _take_snapshot(self, node: int) -> None:
         snap = self.nodes[node].take_snapshot()
@@ -336,6 +513,13 @@ class Simulation:
             return
         self._hash.update(b"I%d,%d,%d," % (self.now, node, peer))
         meta, state = msgpack.unpackb(wire, raw=False)
+        if self.sim_disks is not None and self.sim_disks[node].holds():
+            self.sim_disks[node].install = (peer, meta, state)  # after the sync (last step)
+            return
+        self._install(node, peer, meta, state)
+
+    def _install(self, node: int, peer: int, meta: dict, state: bytes) -> None:
+        replica = self.nodes[node]
         if replica.install_snapshot(meta, state):
             self.snapshots_installed += 1
             self._store_snapshot(node, (meta, state))
@@ -353,7 +537,16 @@ class Simulation:
         rng = self._work_rng
         client.seq += 1
         key = f"k{rng.randrange(self.cfg.keys)}"
-        if self.cfg.read_fraction and rng.random() < self.cfg.read_fraction:
+        if self.cfg.cas_fraction:
+            r = rng.random()
+            if r < self.cfg.read_fraction:
+                client.op, client.needs_result = ["get", key], True
+            elif r < self.cfg.read_fraction + self.cfg.cas_fraction:
+                expected = client.seen.get(key)
+                client.op, client.needs_result = ["cas", key, expected, f"{client.cid}:{client.seq}"], True
+            else:
+                client.op, client.needs_result = ["put", key, f"{client.cid}:{client.seq}"], False
+        elif self.cfg.read_fraction and rng.random() < self.cfg.read_fraction:
             client.op, client.needs_result = ["get", key], True
         else:
             client.op, client.needs_result = ["put", key, f"{client.cid}:{client.seq}"], False
@@ -380,6 +573,12 @@ class Simulation:
         self.acked.add(key)
         self.client_results[key] = result
         client.history.append((client.t_send, self.now, client.op, result, True))
+        if self.cfg.cas_fraction:
+            op = client.op
+            if op[0] == "get":
+                client.seen[op[1]] = result
+            elif op[0] == "put" or (op[0] == "cas" and result is True):
+                client.seen[op[1]] = op[-1]
         site = client.site
         self.latency_us[site].append(self.now - client.t_send)
         self.commit_times[site].append(self.now)
@@ -411,6 +610,9 @@ class Simulation:
             if heap[0][0] > end:
                 break
             t, _, kind, a, b, c = heapq.heappop(heap)
+            if self._paused and a in self._paused and kind in _NODE_KINDS:
+                self._held[a].append((t, 0, kind, a, b, c))  # SIGSTOPped: waits for resume
+                continue
             if kind <= _REQUEST and self.busy_until[a] > t:
                 # The node is still busy with earlier work: queue behind it (FIFO).
                 self._seq += 1
@@ -466,6 +668,8 @@ class Simulation:
                 self._on_snapshot_request(a, b, c)
             elif kind == _SNAP_DATA:
                 self._on_snapshot_data(a, b, c[0], c[1])
+            elif kind == _DISK_SYNC:
+                self._on_sync(a, b[0], b[1], c)
         return self
 
     def quiet(self) -> bool:
@@ -478,7 +682,13 @@ class Simulation:
         if not all(self.nodes[i].idle() for i in live):
             return False
         ends = {self.nodes[i].exec_slot for i in live}
-        return len(ends) <= 1
+        if len(ends) > 1:
+            return False
+        if self._paused:
+            return False
+        if self.sim_disks is not None and any(self.sim_disks[i].holds() for i in live):
+            return False
+        return True
 
     def _apply_fault(self, action: tuple) -> None:
         name, args = action[0], action[1:]
@@ -494,6 +704,25 @@ class Simulation:
             self.net.cut(args[0], args[1])
         elif name == "heal":
             self.net.heal()
+            self._drops = []
+        elif name == "uncut":
+            self.net.uncut(args[0], args[1])
+        elif name == "block":
+            for src, dst in args[0]:
+                self.net.cut(src, dst)
+        elif name == "unblock":
+            for src, dst in args[0]:
+                self.net.uncut(src, dst)
+        elif name == "drop":
+            # Drop every message of one type from src to dst (-1: any), until heal/undrop.
+            self._drops.append((args[0], args[1], args[2]))
+        elif name == "undrop":
+            # That one drop, or (no arguments) all of them.
+            self._drops = [d for d in self._drops if args and d != tuple(args)]
+        elif name == "pause":
+            self.pause(args[0])
+        elif name == "resume":
+            self.resume(args[0])
         elif name == "loss":
             self.net.loss = args[0]
         elif name == "slow":
@@ -527,6 +756,16 @@ class Simulation:
                 events.append((10**18, 2, client.cid, client.op, None))
         events.sort(key=lambda e: (e[0], e[1], e[2]))
         for t, phase, cid, op, result in events:
+            if op[0] == "cas":
+                # A cas that answered False did not happen (Jepsen records it as fail).
+                value = (op[1], (op[2], op[3]))
+                if phase == 1:
+                    add(t, cid, "invoke", "cas", value)
+                elif phase == 0:
+                    add(t, cid, "ok" if result is True else "fail", "cas", value)
+                else:
+                    add(self.now, cid, "info", "cas", value)
+                continue
             f = "get" if op[0] == "get" else "put"
             if phase == 1:
                 add(t, cid, "invoke", f, (op[1], None if f == "get" else op[2]))
@@ -616,8 +855,25 @@ class Simulation:
             for key, result in self.client_results.items()
             if key in applied and applied[key] != result and ops.get(key, [""])[0] != "get"
         ]
+        # Agreement per slot: every incarnation that executed slot s executed the same
+        # batch there; replicas at the same execution point hold the same state.
+        at_slot: dict[int, tuple] = {}
+        disagreements = 0
+        for k, log in enumerate(self.exec_logs):
+            start = starts[k]
+            for i, entry in enumerate(log):
+                seen = at_slot.setdefault(start + i, entry)
+                if seen != entry:
+                    disagreements += 1
+        states: dict[int, bytes] = {}
+        for replica in self.nodes:
+            if replica is not None and hasattr(replica, "exec_slot"):
+                state = replica.executor.snapshot()
+                if states.setdefault(replica.exec_slot, state) != state:
+                    disagreements += 1
         return {
             "consistent": consistent,
+            "agreement": disagreements == 0,
             "lost_acked": len(lost),
             "duplicated": applied_twice,
             "wrong_results": len(wrong),
@@ -648,6 +904,9 @@ class Simulation:
             extra["snapshots_installed"] = self.snapshots_installed
         if self.cfg.faults:
             extra["stall_ms"] = self.stall_ms()
+        if self.sim_disks is not None:
+            extra["disk_syncs"] = sum(d.syncs for d in self.sim_disks)
+            extra["disk_records_lost"] = sum(d.lost for d in self.sim_disks)
         return {
             "protocol": self.cfg.protocol,
             "replicas": self.n,
@@ -659,6 +918,7 @@ class Simulation:
             "lost_acked": checks["lost_acked"],
             "duplicated": checks["duplicated"],
             "wrong_results": checks["wrong_results"],
+            "agreement": checks["agreement"],
             **extra,
             "messages": self.messages_sent,
             "events": self.events,
