@@ -1,4 +1,8 @@
-"""``cellar sim``: run one seeded simulation and print a table (or JSON)."""
+"""``cellar sim``: run one seeded simulation and print a table (or JSON).
+
+``cellar sim search``: the swarm fault search (``consensus.sim.search``) over a range
+of seeds, or ``--replay SEED`` one of them.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ def _resolve_sequencer(site: str | None, replicas: int, rtt: str, rtt_file: str 
     raise click.BadParameter(f"{site!r} is not one of the sites {', '.join(names)}", param_hint="--sequencer")
 
 
-@click.command("sim")
+@click.group("sim", invoke_without_command=True)
 @click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), default="sdpaxos", show_default=True)
 @click.option("--replicas", type=click.Choice(["3", "5", "7"]), default="3", show_default=True)
 @click.option("--rtt", type=click.Choice(["geo", "lan"]), default="geo", show_default=True, help="Delay model.")
@@ -37,14 +41,20 @@ def _resolve_sequencer(site: str | None, replicas: int, rtt: str, rtt_file: str 
 @click.option("--jitter", type=click.FloatRange(0, 10), default=0.0, show_default=True, help="Extra delay, fraction of one-way.")
 @click.option("--loss", type=click.FloatRange(0, 0.9), default=0.0, show_default=True)
 @click.option("--dup", type=click.FloatRange(0, 0.9), default=0.0, show_default=True)
-@click.option("--reads", "read_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Fraction of gets (answered after execution).")
+@click.option("--reads", "read_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Fraction of gets (through the sequencer lease when there is one).")
+@click.option("--cas", "cas_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Fraction of compare-and-sets on the same keys.")
+@click.option("--keys", type=click.IntRange(1, 1_000_000), default=8, show_default=True, help="Keys the clients work on.")
+@click.option("--disk-sync-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True, help="SimDisk: a sync takes this long; answers wait for it (0: instant durability).")
+@click.option("--disk-sync-jitter-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True, help="SimDisk: up to this much more per sync.")
 @click.option("--scenario", type=click.Choice(SCENARIOS), default="none", show_default=True, help="Fault schedule.")
 @click.option("--faults-seed", type=int, default=1, show_default=True, help="Seed of the random scenario.")
 @click.option("--heartbeat-ms", type=click.FloatRange(1, 60_000), default=500.0, show_default=True, help="Failure-detection timeout.")
 @click.option("--lease-ms", type=click.FloatRange(1, 60_000), default=500.0, show_default=True, help="Sequencer lease.")
 @click.option("--client-timeout-ms", type=click.FloatRange(0, 600_000), default=2000.0, show_default=True, help="Clients resend elsewhere after this (0: never).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
 def sim(
+    ctx: click.Context,
     protocol: str,
     replicas: str,
     rtt: str,
@@ -60,6 +70,10 @@ def sim(
     loss: float,
     dup: float,
     read_fraction: float,
+    cas_fraction: float,
+    keys: int,
+    disk_sync_ms: float,
+    disk_sync_jitter_ms: float,
     scenario: str,
     faults_seed: int,
     heartbeat_ms: float,
@@ -70,7 +84,10 @@ def sim(
     """Run one seeded simulation of SDPaxos or Multi-Paxos and report latencies.
 
     Same seed, same trace: the printed trace_hash identifies the run.
+    ``cellar sim search --help``: the swarm fault search.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     n = int(replicas)
     sequencer = _resolve_sequencer(sequencer_site, n, rtt, rtt_file)
     cfg = SimConfig(
@@ -89,6 +106,10 @@ def sim(
         loss=loss,
         dup=dup,
         read_fraction=read_fraction,
+        cas_fraction=cas_fraction,
+        keys=keys,
+        disk_sync_ms=disk_sync_ms,
+        disk_sync_jitter_ms=disk_sync_jitter_ms,
         heartbeat_ms=heartbeat_ms,
         lease_ms=lease_ms,
         client_timeout_ms=client_timeout_ms,
@@ -103,13 +124,14 @@ def sim(
         result["scenario"] = scenario
         result["faults"] = [list(f) for f in cfg.faults]
         result["linearizable"] = simulation.linearizable()
+        result["stall_ms_by_site"] = simulation.stall_ms_by_site()
         if scenario == "straggler-sequencer":
             result["throughput"] = straggler_figures(simulation)
     if as_json:
         click.echo(json.dumps(result))
     else:
         _print_table(result)
-    if not result["consistent"] or result["lost_acked"] or result["duplicated"] or result["wrong_results"]:
+    if not result["consistent"] or not result["agreement"] or result["lost_acked"] or result["duplicated"] or result["wrong_results"]:
         sys.exit(1)
     if result.get("linearizable") is False:
         sys.exit(1)
@@ -152,6 +174,8 @@ def _print_table(result: dict) -> None:
             f"scenario {result['scenario']}: stall {result['stall_ms']} ms · view changes {result['view_changes']} · "
             f"linearizable: {lin}"
         )
+        if result.get("stall_ms_by_site"):
+            console.print("  longest stall per site: " + ", ".join(f"{k} {v} ms" for k, v in result["stall_ms_by_site"].items()))
         for t, *action in result["faults"][:12]:
             console.print(f"  {t:>9} ms  {' '.join(str(a) for a in action)}")
     if "throughput" in result:
@@ -160,6 +184,36 @@ def _print_table(result: dict) -> None:
             f"throughput: {tp['before_per_s']}/s before · {tp['slow_per_s']}/s with the slow sequencer · "
             f"{tp['after_per_s']}/s after it was replaced ({tp['replaced_after_ms']} ms after it slowed)"
         )
+
+
+@sim.command("search")
+@click.option("--examples", type=click.IntRange(1, 10_000_000), default=200, show_default=True, help="Seeds to run.")
+@click.option("--seed", type=int, default=None, help="First seed (default: from the clock; printed).")
+@click.option("--replay", type=int, default=None, help="Judge only this seed and print its config.")
+@click.option("--save", is_flag=True, help="Record failures in tests/testdata/fault_regressions.json.")
+@click.option("--stop", is_flag=True, help="Stop at the first failure.")
+def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool) -> None:
+    """Swarm fault search: each seed draws a cluster, network, disk, workload (puts,
+    lease reads, CAS) and fault schedule; the run must be safe, linearizable and live."""
+    import time
+
+    from .search import REGRESSIONS, judge, replay_hint, save_regressions, search, swarm_config
+
+    if replay is not None:
+        cfg = swarm_config(replay)
+        result = judge(cfg)
+        keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed")
+        click.echo(json.dumps({k: result.get(k) for k in keys}))
+        click.echo(replay_hint(replay, cfg))
+        sys.exit(1 if result["failures"] else 0)
+    first = seed if seed is not None else int(time.time())
+    click.echo(f"SEED={first} examples={examples}")
+    started = time.monotonic()
+    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop)
+    if save and found:
+        click.echo(f"saved {save_regressions(found)} new regression case(s) to {REGRESSIONS}")
+    click.echo(f"seeds {first}..{first + examples - 1}: {len(found)} failure(s) in {time.monotonic() - started:.0f} s")
+    sys.exit(1 if found else 0)
 
 
 if __name__ == "__main__":

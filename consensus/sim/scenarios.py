@@ -3,7 +3,7 @@
 A schedule is a list of ``(ms, action, *args)`` the simulator applies at simulated
 time ``ms``: ``crash``/``restart`` a node, ``isolate`` one, ``partition`` into groups,
 ``cut`` one direction of a link, ``heal``, set ``loss``, make a node ``slow`` by a
-factor. Faults stay within what the protocols claim to survive (a minority down or
+factor, ``pause``/``resume`` one (SIGSTOP) — ``consensus.sim.simulator`` lists all. Faults stay within what the protocols claim to survive (a minority down or
 cut off at any time, TigerBeetle's habit), and every schedule ends healed so that
 liveness can be judged: after the heal, every submitted command must complete.
 """
@@ -20,6 +20,11 @@ SCENARIOS = (
     "minority-crash-restart",
     "straggler-sequencer",
     "random",
+    "isolate-rejoin",
+    "isolate-rejoin-sequencer",
+    "pause-sequencer",
+    "asymmetric",
+    "flapping",
 )
 
 
@@ -43,7 +48,58 @@ def schedule(name: str, n: int, sequencer: int, seconds: float, faults_seed: int
         return [(at(0.3), "slow", sequencer, 400.0)]
     if name == "random":
         return random_schedule(n, seconds, faults_seed)
+    # Rejoin: one replica cut off for 5 s (less in a short run), then healed. Only
+    # safety is promised; view_changes and stall_ms show whether the healthy majority
+    # was disturbed by the one coming back.
+    hold = min(5000.0, 0.6 * ms)
+    start = min(1000.0, 0.15 * ms)
+    if name == "isolate-rejoin":
+        return [(start, "isolate", (sequencer + 1) % n), (start + hold, "heal")]
+    if name == "isolate-rejoin-sequencer":
+        return [(start, "isolate", sequencer), (start + hold, "heal")]
+    if name == "pause-sequencer":
+        # SIGSTOP for longer than an election; it resumes with everything it missed.
+        return [(start, "pause", sequencer), (start + min(2000.0, 0.4 * ms), "resume", sequencer)]
+    if name == "asymmetric":
+        return asymmetric_schedule(n, sequencer, ms)
+    if name == "flapping":
+        return flapping_schedule(n, sequencer, ms)
     raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
+
+
+def asymmetric_schedule(n: int, sequencer: int, ms: float) -> list[tuple]:
+    """One-way cuts (A→B dropped, B→A delivered), four phases, then healed:
+
+    1. the sequencer's messages to one replica are lost (it still hears that replica);
+    2. one replica's messages to the sequencer are lost (it still hears the sequencer);
+    3. nothing reaches the sequencer, everything it sends arrives (check-quorum's case);
+    4. a replica hears nobody but is heard by all.
+    """
+    a, b = (sequencer + 1) % n, (sequencer + 2) % n
+    t = [round(ms * x, 3) for x in (0.1, 0.25, 0.4, 0.55, 0.7)]
+    out: list[tuple] = [(t[0], "cut", sequencer, a)]
+    out += [(t[1], "heal"), (t[1], "cut", b, sequencer)]
+    out += [(t[2], "heal")] + [(t[2], "cut", r, sequencer) for r in range(n) if r != sequencer]
+    out += [(t[3], "heal")] + [(t[3], "cut", r, a) for r in range(n) if r != a]
+    out.append((t[4], "heal"))
+    return out
+
+
+def flapping_schedule(n: int, sequencer: int, ms: float, period_ms: float = 300.0) -> list[tuple]:
+    """The sequencer (with f - 1 others) cut from the rest and back every ``period_ms``,
+    from 10 % to 70 % of the run (several seconds in a run of ten)."""
+    f = (n - 1) // 2
+    minority = tuple(sorted((sequencer + k) % n for k in range(f)))
+    majority = tuple(r for r in range(n) if r not in minority)
+    t, end = 0.1 * ms, 0.7 * ms
+    out: list[tuple] = []
+    cut = False
+    while t < end:
+        out.append((round(t, 3), "heal") if cut else (round(t, 3), "partition", (majority, minority)))
+        cut = not cut
+        t += period_ms
+    out.append((round(end, 3), "heal"))
+    return out
 
 
 def random_schedule(n: int, seconds: float, seed: int) -> list[tuple]:

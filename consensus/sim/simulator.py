@@ -801,6 +801,24 @@ class Simulation:
                 worst = max(worst, min(self.now, self.stop_us) - start)
         return round(worst / 1000, 1)
 
+    def stall_ms_by_site(self) -> dict[str, float]:
+        """Per site, the longest gap between commits of its clients after the first
+        fault (crashed sites included: their clients move on to other replicas)."""
+        if self.first_fault_us is None:
+            return {}
+        start, end = self.first_fault_us, min(self.now, self.stop_us)
+        out = {}
+        for node, name in enumerate(self.sites):
+            times = [t for t in self.commit_times[node] if t >= start]
+            prev, worst = start, 0
+            for t in times:
+                worst = max(worst, t - prev)
+                prev = t
+            if not times:
+                worst = max(0, end - start)
+            out[name] = round(worst / 1000, 1)
+        return out
+
     def throughput(self, t0_us: int, t1_us: int) -> float:
         """Commits per simulated second in [t0, t1)."""
         if t1_us <= t0_us:
