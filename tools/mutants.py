@@ -1,0 +1,393 @@
+"""Planted bugs for mutation testing (issue 9, acceptance 3). Data plus the patcher.
+
+Each mutant is one small textual patch of the core: in ``file`` (relative to the repo
+root) the exact snippet ``old`` must occur exactly once and is replaced by ``new``.
+An anchor that is missing or not unique is an error, never a skip: when the core
+changes, this list must change with it (``tests/consensus/test_mutants_list.py``
+checks every anchor against the tree). ``rule`` names the rule the bug breaks (the
+paper's figure or section, or the implementation note's trap), ``description`` says
+in one line what the planted bug does.
+
+The runner is ``tools/mutate.py``; it applies each patch to a copy of the repo, never
+to the tree itself. ``docs/mutation.md`` has the table of results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SDP = "consensus/core/sdpaxos.py"
+MP = "consensus/core/multipaxos.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    rule: str
+    description: str
+
+
+class AnchorError(Exception):
+    """A mutant's ``old`` snippet is missing from its file or occurs more than once."""
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        name="bug1-lease-promise",
+        file=SDP,
+        old="""\
+        if self.now < self.no_vote_until:
+            return  # restarted: we may have promised a lease we no longer remember
+        if self.now < self.lease_until and self.lease_to != src:
+            return  # our lease promise to another sequencer still holds
+        if m.view > self.view:
+            self._adopt_view(m.view)
+""",
+        new="""\
+        if m.view > self.view:
+            if self.now < self.no_vote_until:
+                return
+            if self.now < self.lease_until and self.lease_to != src:
+                return
+            self._adopt_view(m.view)
+""",
+        rule="§3.5 lease: a pong promises no vote for another sequencer for lease_ticks, in every view",
+        description="_on_vrequest checks the lease and restart promises only when the VRequest raises the view, "
+        "so a voter that joined the candidate's view from its pings votes while its promise holds",
+    ),
+    Mutant(
+        name="bug2-fig7-last-view",
+        file=SDP,
+        old="last_view = max([self.o_view] + [v.o_view for v in self.votes.values()])",
+        new="last_view = self.o_view",
+        rule="Fig. 7 (N=5): the last sequencer is the one of the highest o_view among the voters",
+        description="_fig7 takes the last serving view from the candidate's own o_view only, "
+        "so it may think the last sequencer voted and skip filling R_m's fast-committed slots",
+    ),
+    Mutant(
+        name="bug2b-no-nocl-slot",
+        file=SDP,
+        old="""\
+            if end == base:
+                # Nothing to re-propose: propose one no-cl slot anyway and serve only
+                # once a majority took it, so that every later majority holds a
+                # voter that knows this view served (its o_view, for Fig. 7).
+                log[base] = NOCL
+                end = base + 1
+""",
+        new="",
+        rule="Fig. 7 precondition (N=5): a view serves only once a majority took one of its O-accepts",
+        description="a new N=5 sequencer with an empty recovered suffix serves at once, "
+        "so no voter of a later majority may know (o_view) that this view served",
+    ),
+    Mutant(
+        name="bug3-mixed-ballot-acks",
+        file=SDP,
+        old="""\
+    if ballot != c.ballot:
+        c.acks = 0
+    c.ballot, c.cmds = ballot, cmds
+""",
+        new="""\
+    c.ballot, c.cmds = ballot, cmds
+""",
+        rule="Paxos phase 2: a value is chosen by a quorum of acceptors of one ballot",
+        description="accept_value keeps the acks gathered for the old ballot when the ballot changes, "
+        "so a command leader commits with acks mixing two ballots",
+    ),
+    Mutant(
+        name="bug4-reprepare-no-keys",
+        file=SDP,
+        old="""\
+            if self.id != self.sequencer:
+                for inst, c in self.unready.items():
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
+""",
+        new="""\
+            if self.id != self.sequencer:
+                for inst, c in self.unready.items():
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
+""",
+        rule="§3.5 reads: the sequencer's history table holds the last slot of every write's keys",
+        description="after re-preparing its own instances, a command leader sends C-requests without keys, "
+        "so the history table misses the write and a lease read returns the old value",
+    ),
+    Mutant(
+        name="quorum-off-by-one",
+        file=SDP,
+        old="""\
+        c.acks |= 1 << src
+        if c.acks.bit_count() >= self.quorum:
+            self._commit_c(self.id, m.inst, c)
+""",
+        new="""\
+        c.acks |= 1 << src
+        if c.acks.bit_count() >= self.quorum - 1:
+            self._commit_c(self.id, m.inst, c)
+""",
+        rule="Paxos phase 2: commit only with acks from a majority",
+        description="_on_cack commits a C-instance at quorum - 1 acks (the command leader alone with N=3)",
+    ),
+    Mutant(
+        name="caccept-vs-accepted-ballot",
+        file=SDP,
+        old="""\
+        c = log.get(m.inst)
+        if m.ballot < self.promised[m.leader]:
+""",
+        new="""\
+        c = log.get(m.inst)
+        if c is not None and m.ballot < c.ballot:
+""",
+        rule="Paxos phase 2b: accept only a ballot not below the promise",
+        description="_on_caccept compares the C-accept's ballot with the instance's accepted ballot "
+        "instead of the promise, so it accepts after promising a recoverer a higher ballot",
+    ),
+    Mutant(
+        name="recovery-first-value",
+        file=SDP,
+        old="""\
+        best = pick_highest(rec.promises.values())
+        upto = max([rec.need] + list(best))
+""",
+        new="""\
+        best = {}
+        for report in rec.promises.values():
+            for inst, ballot, value, committed in report:
+                cur = best.get(inst)
+                if cur is None or (committed and not cur[2]):
+                    best[inst] = (ballot, value, committed)
+        upto = max([rec.need] + list(best))
+""",
+        rule="Paxos phase 1: re-propose the value accepted at the highest ballot",
+        description="_recovery_propose keeps the first reported value per instance regardless of ballot "
+        "(committed reports still win)",
+    ),
+    Mutant(
+        name="reply-before-persist",
+        file=SDP,
+        old="""\
+                self.c_max[m.leader] = m.inst
+            self.persist(["C", m.leader, m.inst, m.ballot, m.cmds])
+            self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
+""",
+        new="""\
+                self.c_max[m.leader] = m.inst
+            self.send(src, CAck(self.view, m.leader, m.inst, m.ballot, True))
+""",
+        rule="ready.py: persist before send; an acceptor's ack vouches for durable state",
+        description="_on_caccept sends the C-ack without persisting the accepted C-instance, "
+        "so a crash and restart forgets a value the quorum counted on",
+    ),
+    Mutant(
+        name="lease-one-pong",
+        file=SDP,
+        old="granted = acks[self.quorum - 1]",
+        new="granted = m.tick",
+        rule="§3.5 lease: valid only with promises from a majority",
+        description="_on_pong grants the lease from the single pong just received "
+        "instead of the quorum-th most recent one (no effect with N=3, where one pong is a majority)",
+    ),
+    Mutant(
+        name="lease-from-pong-arrival",
+        file=SDP,
+        old="self.lease_expiry = granted + int(self.cfg.lease_ticks * (1 - self.cfg.drift))",
+        new="self.lease_expiry = self.now + int(self.cfg.lease_ticks * (1 - self.cfg.drift))",
+        rule="§3.5 lease: count the lease from the ping's send tick (before any promise started)",
+        description="_on_pong counts the lease from the pong's arrival, "
+        "so the sequencer's lease outlives the voters' promises by a one-way delay",
+    ),
+    Mutant(
+        name="oslot-out-of-order",
+        file=SDP,
+        old="        while self.assigned[leader] <= inst:\n",
+        new="        if self.assigned[leader] <= inst:\n",
+        rule="Fig. 5 line 13 (trap 1): C_n^i owns the (i+1)-th O-slot naming n; assignment fills up to it",
+        description="_assign gives a C-request one slot even when earlier instances of that CL have none, "
+        "so a later instance's keys land on the slot that stands for an earlier one",
+    ),
+    Mutant(
+        name="no-noop-fill",
+        file=SDP,
+        old="        leaders = [log.get(j, NOCL) for j in range(base, end)]\n",
+        new="""\
+        leaders = [log[j] for j in sorted(log)]  # holes dropped
+        end = base + len(leaders)
+""",
+        rule="§3.3 view change: holes in the recovered O-log are filled with no-cl, slots keep their index",
+        description="_take_office drops holes from the recovered O-log, so later slots shift down",
+    ),
+    Mutant(
+        name="fig7-off-by-one",
+        file=SDP,
+        old="needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])",
+        new="needed = c_m  # R_m may have up to C[m] + 1 ready instances (0-based C[m])",
+        rule="Fig. 7 (N=5): give R_m slots until it owns C[m] + 1 of them",
+        description="_fig7 gives R_m one slot too few, so R_m's last fast-committed instance loses its slot",
+    ),
+    Mutant(
+        name="n5-ready-rule-as-n3",
+        file=SDP,
+        old="return ready_limit(self.n, self.id == self.sequencer, self.my_committed, self.my_in_prefix, self.my_in_majority)",
+        new="return ready_limit(3 if self.n == 5 else self.n, self.id == self.sequencer, self.my_committed, self.my_in_prefix, self.my_in_majority)",
+        rule="Fig. 5 (N=5): ready on the sequencer's O-accept (non-sequencer) or a majority (sequencer)",
+        description="_ready_count uses the N=3 rule (committed O-slots) for N=5: safe, "
+        "but every N=5 write waits for the O-commit (a latency bug)",
+    ),
+    Mutant(
+        name="exec-uncommitted-oslot",
+        file=SDP,
+        old="if slot is None or not (slot.committed or (slot.fast and slot.leader == me and slot.view == self.view)):",
+        new="if slot is None or not (slot.committed or slot.view == self.view):",
+        rule="execution: only committed O-slots (or the CL's own N=5 fast slot) execute",
+        description="_execute runs every O-slot accepted in the current view, committed or not",
+    ),
+    Mutant(
+        name="multipaxos-recovery-ignores-views",
+        file=MP,
+        old="        best = pick_highest(reports, base)  # slot -> (view, batch, committed)\n",
+        new="""\
+        best = {}
+        for report in reports:
+            for j, view, batch, committed in report:
+                cur = best.get(j)
+                if j >= base and (cur is None or (committed and not cur[2])):
+                    best[j] = (view, batch, committed)
+""",
+        rule="Paxos phase 1 (Multi-Paxos view change): keep the highest-view value per slot",
+        description="Multi-Paxos _take_office keeps the first report per slot (its own first) "
+        "regardless of the view it was accepted in (committed reports still win)",
+    ),
+    # --- beyond the required list -------------------------------------------------------
+    Mutant(
+        name="vote-without-joining-view",
+        file=SDP,
+        old="""\
+        if m.view > self.view:
+            self._adopt_view(m.view)
+        slots = [
+            [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
+        ]
+        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view))
+""",
+        new="""\
+        slots = [
+            [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
+        ]
+        self.send(src, Vote(m.view, self.o_committed, slots, list(self.c_max), self.o_view))
+""",
+        rule="§3.3 view change: a vote is a promise; the voter joins the view and refuses older O-accepts",
+        description="_on_vrequest votes without adopting the candidate's view, "
+        "so the voter keeps accepting the old sequencer's O-accepts after reporting its log",
+    ),
+    Mutant(
+        name="restart-forgets-lease",
+        file=SDP,
+        old="self.no_vote_until = cfg.lease_ticks  # a restart forgets promises: wait one lease",
+        new="self.no_vote_until = 0  # a restart forgets promises: wait one lease",
+        rule="§3.5 lease: a restarted replica waits one lease before voting (its promise was volatile)",
+        description="a restarted replica votes at once, breaking a lease promise it no longer remembers",
+    ),
+    Mutant(
+        name="short-commit-any-ballot",
+        file=SDP,
+        old="        elif c is None or c.ballot != m.ballot:\n",
+        new="        elif c is None:\n",
+        rule="trap 6: a short C-commit names a ballot; only that ballot's value is committed",
+        description="_on_ccommit marks the held value committed on a short commit of another ballot",
+    ),
+    Mutant(
+        name="vote-below-floor",
+        file=SDP,
+        old="""\
+        if m.from_slot < self.floor_slot:
+            # We cannot report the slots we compacted; a vote without them would let
+            # the candidate fill chosen slots with no-cl. Withhold it (and do not join
+            # the view); the candidate catches up from our snapshot and tries again.
+            self.send(src, self._compacted_notice())
+            return
+""",
+        new="",
+        rule="compaction: a VRequest below the floor gets a Compacted notice, not a vote",
+        description="_on_vrequest votes from below its floor, reporting compacted (chosen) slots as empty",
+    ),
+    Mutant(
+        name="cpromise-below-floor",
+        file=SDP,
+        old="""\
+        if m.from_inst < self.floor_inst[m.leader]:
+            # Those instances are chosen but their values are gone from our log.
+""",
+        new="""\
+        if False:
+            # Those instances are chosen but their values are gone from our log.
+""",
+        rule="compaction: a CPrepare below the floor gets a Compacted notice, not a promise",
+        description="_on_cprepare promises below its floor, reporting compacted (chosen) instances as empty",
+    ),
+    Mutant(
+        name="no-check-quorum",
+        file=SDP,
+        old="        return heard + 1 < self.quorum\n",
+        new="        return False\n",
+        rule="check-quorum (Raft §6.2): a sequencer cut off from a majority steps down",
+        description="_lost_quorum never fires, so a sequencer nobody answers keeps pinging and holds the view",
+    ),
+    Mutant(
+        name="multipaxos-commit-minority",
+        file=MP,
+        old="upto = min(sorted(self.acked, reverse=True)[self.quorum - 1], self.prefix)",
+        new="upto = min(sorted(self.acked, reverse=True)[self.quorum - 2], self.prefix)",
+        rule="Paxos phase 2 (Multi-Paxos): commit a slot once a majority holds it",
+        description="Multi-Paxos _recompute_commit commits at quorum - 1 holders (the leader alone with N=3)",
+    ),
+]
+
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def count(text: str, old: str) -> int:
+    """Occurrences of ``old`` in ``text``, overlapping ones included."""
+    n, start = 0, 0
+    while True:
+        k = text.find(old, start)
+        if k < 0:
+            return n
+        n += 1
+        start = k + 1
+
+
+def patched(text: str, m: Mutant) -> str:
+    """``text`` with ``m`` applied; AnchorError unless ``m.old`` occurs exactly once."""
+    if not m.old:
+        raise AnchorError(f"{m.name}: empty anchor in {m.file}")
+    k = count(text, m.old)
+    if k != 1:
+        what = "missing" if k == 0 else f"found {k} times"
+        first = m.old.strip().splitlines()[0].strip()
+        raise AnchorError(f"{m.name}: anchor {what} in {m.file}: {first!r}")
+    return text.replace(m.old, m.new, 1)
+
+
+def apply(root: str | Path, m: Mutant) -> None:
+    """Patch ``root / m.file`` in place (``root`` is a copy of the repo, never the tree)."""
+    path = Path(root) / m.file
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise AnchorError(f"{m.name}: cannot read {m.file}: {e.strerror}") from None
+    path.write_text(patched(text, m))
+
+
+def check(root: str | Path, m: Mutant) -> None:
+    """AnchorError if ``m`` does not apply cleanly to the files under ``root``."""
+    path = Path(root) / m.file
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise AnchorError(f"{m.name}: cannot read {m.file}: {e.strerror}") from None
+    patched(text, m)
