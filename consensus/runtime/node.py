@@ -276,8 +276,11 @@ class Node:
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         self.committer = GroupCommitter(self.wal)
+        # Frames that waited longer than two election timeouts for a connection have been
+        # superseded by retransmissions: not replayed (tcp module docstring).
         self.transport = PeerTransport(cfg.cluster_id, cfg.node_id, cfg.peers, self._on_peer_frames,
-                                       rng=random.Random(cfg.node_id * 7919 + time.time_ns()))
+                                       rng=random.Random(cfg.node_id * 7919 + time.time_ns()),
+                                       queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000))
         host, port = cfg.peers[cfg.node_id]
         try:
             await self.transport.start(host, port)

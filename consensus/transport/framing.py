@@ -15,9 +15,12 @@ Decoding::
     dec.eof()                 # raises ProtocolError("truncated") if a partial frame is left
 
 Handshake: the first frame each way is ``{"t": "hello", "cluster": str, "node": int,
-"version": int}``::
+"version": int, "inc": int}``. ``inc`` (optional; a peer without it is accepted) is the
+sender's *incarnation*: a number drawn once per process start, so the other side can
+tell a reconnect of the same process from a restarted one::
 
-    hs = Handshake(cluster_id, my_node_id, known_node_ids, version=PROTOCOL_VERSION)
+    hs = Handshake(cluster_id, my_node_id, known_node_ids, version=PROTOCOL_VERSION,
+                   incarnation=None)
     hs.hello_frame() -> bytes
     hs.check(obj, expected_peer_id=None) -> peer id      # raises ProtocolError
 
@@ -26,6 +29,7 @@ One connection's inbound side, hello then messages (h11's shape: ``b""`` is EOF)
     stream = PeerStream(hs, expected_peer_id=None, max_frame_bytes=MAX_FRAME_BYTES)
     msgs = stream.receive_data(data)   # messages after the hello; stream.peer_id once known
     stream.receive_data(b"")           # EOF
+    stream.peer_incarnation            # the hello's "inc", or None
 
 ``ProtocolError.reason`` is one of ``REASONS``: ``"oversized"`` (decided from the length
 prefix alone, before the body is buffered), ``"malformed"`` (not msgpack, extra bytes,
@@ -142,24 +146,29 @@ class FrameDecoder:
             raise self._error
 
 
-def hello(cluster_id: str, node_id: int, version: int = PROTOCOL_VERSION) -> dict[str, Any]:
-    return {"t": "hello", "cluster": cluster_id, "node": node_id, "version": version}
+def hello(cluster_id: str, node_id: int, version: int = PROTOCOL_VERSION,
+          incarnation: int | None = None) -> dict[str, Any]:
+    h: dict[str, Any] = {"t": "hello", "cluster": cluster_id, "node": node_id, "version": version}
+    if incarnation is not None:
+        h["inc"] = incarnation
+    return h
 
 
 class Handshake:
     """Our identity and the rules for accepting a peer's hello."""
 
-    __slots__ = ("cluster_id", "node_id", "known_node_ids", "version")
+    __slots__ = ("cluster_id", "node_id", "known_node_ids", "version", "incarnation")
 
     def __init__(self, cluster_id: str, my_node_id: int, known_node_ids: Collection[int],
-                 version: int = PROTOCOL_VERSION) -> None:
+                 version: int = PROTOCOL_VERSION, incarnation: int | None = None) -> None:
         self.cluster_id = cluster_id
         self.node_id = my_node_id
         self.known_node_ids = frozenset(known_node_ids) - {my_node_id}
         self.version = version
+        self.incarnation = incarnation
 
     def hello_frame(self) -> bytes:
-        return encode_frame(hello(self.cluster_id, self.node_id, self.version))
+        return encode_frame(hello(self.cluster_id, self.node_id, self.version, self.incarnation))
 
     def check(self, obj: Any, expected_peer_id: int | None = None) -> int:
         """Validate a peer's hello; returns its node id."""
@@ -176,19 +185,22 @@ class Handshake:
             raise ProtocolError("unknown-node", f"node {node} is not a known peer")
         if expected_peer_id is not None and node != expected_peer_id:
             raise ProtocolError("unknown-node", f"dialed node {expected_peer_id}, node {node} answered")
+        if type(obj.get("inc", 0)) is not int:
+            raise ProtocolError("bad-handshake", "hello incarnation is not an integer")
         return node
 
 
 class PeerStream:
     """The inbound half of one peer connection: a hello, then messages."""
 
-    __slots__ = ("handshake", "expected_peer_id", "peer_id", "_decoder", "_error")
+    __slots__ = ("handshake", "expected_peer_id", "peer_id", "peer_incarnation", "_decoder", "_error")
 
     def __init__(self, handshake: Handshake, *, expected_peer_id: int | None = None,
                  max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self.handshake = handshake
         self.expected_peer_id = expected_peer_id
         self.peer_id: int | None = None
+        self.peer_incarnation: int | None = None
         self._decoder = FrameDecoder(max_frame_bytes)
         self._error: ProtocolError | None = None
 
@@ -204,6 +216,7 @@ class PeerStream:
             objs = self._decoder.feed(data)
             if self.peer_id is None and objs:
                 self.peer_id = self.handshake.check(objs[0], self.expected_peer_id)
+                self.peer_incarnation = objs[0].get("inc")
                 del objs[0]
         except ProtocolError as e:
             self._error = e

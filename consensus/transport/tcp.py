@@ -40,10 +40,26 @@ messages carry the freshest state; refusing new sends would instead stall the
 protocol core on one slow peer. Frames already handed to a connection that then
 dies are lost the same way.
 
+**No stale replays.** Queueing while a peer is unreachable only rides out a short
+gap; it must not hand a peer a replay of the traffic it missed (up to
+``send_queue_bytes_max`` of it). Such a replay would be harmless to safety but would
+make what a returning replica sees depend on which peer happens to redial first (it
+may or may not cover a range the others compacted). So when a connection
+authenticates:
+
+- frames queued for a *different* process of that peer are discarded
+  (``frames_discarded_restart``): each transport draws an *incarnation* once
+  (``incarnation=``, random by default) and sends it in its hello, so a restart is
+  told apart from a reconnect of the same process;
+- frames that waited longer than ``queue_wait_max_s`` are discarded
+  (``frames_expired``). This covers what the incarnation cannot: frames queued for a
+  peer we never reached, whose process may have died and restarted meanwhile. The
+  protocol has retransmitted whatever mattered by then.
+
 **Stats** (``stats``, a ``Counter``): one key per refusal reason (above), plus
 ``dials``, ``dial_failures``, ``connections_established``, ``disconnects``,
 ``frames_sent``, ``messages_received``, ``write_pauses``, ``frames_dropped``,
-``bytes_dropped``, ``callback_errors``.
+``bytes_dropped``, ``frames_discarded_restart``, ``frames_expired``, ``callback_errors``.
 
 Every wait is bounded (connect, handshake, close); every queue is bounded (send
 queue by bytes, pending connections by count). Works on the default loop or uvloop.
@@ -54,8 +70,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import random
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -74,14 +92,17 @@ OnMessages = Callable[[int, list[Any]], None]
 
 
 class _PeerState:
-    __slots__ = ("peer_id", "queue", "queued_bytes", "conn", "connected")
+    __slots__ = ("peer_id", "queue", "stamps", "queued_bytes", "conn", "connected", "incarnation")
 
     def __init__(self, peer_id: int) -> None:
         self.peer_id = peer_id
         self.queue: collections.deque[bytes] = collections.deque()
+        # [monotonic time, frames] per enqueue call, oldest first: the ages in ``queue``.
+        self.stamps: collections.deque[list] = collections.deque()
         self.queued_bytes = 0
         self.conn: _PeerConnection | None = None  # the authenticated connection
         self.connected = asyncio.Event()
+        self.incarnation: int | None = None  # of the last authenticated connection
 
 
 class _PeerConnection(asyncio.Protocol):
@@ -201,12 +222,16 @@ class PeerTransport:
         handshake_timeout_s: float = 5.0,
         pending_connections_max: int = 64,
         close_timeout_s: float = 5.0,
+        incarnation: int | None = None,
+        queue_wait_max_s: float = 1.0,
     ) -> None:
         self.cluster_id = cluster_id
         self.node_id = node_id
         self._addresses = {p: a for p, a in peers.items() if p != node_id}
         self.on_messages = on_messages
-        self.handshake = Handshake(cluster_id, node_id, self._addresses.keys(), version)
+        # Not from ``rng``: that one only jitters backoff, and tests replay it.
+        self.incarnation = incarnation if incarnation is not None else int.from_bytes(os.urandom(7), "big")
+        self.handshake = Handshake(cluster_id, node_id, self._addresses.keys(), version, self.incarnation)
         self.max_frame_bytes = max_frame_bytes
         self.send_queue_bytes_max = send_queue_bytes_max
         self.write_buffer_high_bytes = write_buffer_high_bytes
@@ -217,6 +242,7 @@ class PeerTransport:
         self.handshake_timeout_s = handshake_timeout_s
         self._pending_connections_max = pending_connections_max
         self._close_timeout_s = close_timeout_s
+        self.queue_wait_max_s = queue_wait_max_s
         self.stats: collections.Counter[str] = collections.Counter()
         self._hello = self.handshake.hello_frame()
         self._peers = {p: _PeerState(p) for p in sorted(self._addresses)}
@@ -298,14 +324,28 @@ class PeerTransport:
             raise RuntimeError("transport is closed")
         peer = self._peer(peer_id)
         peer.queue.extend(frames)
+        peer.stamps.append([time.monotonic(), len(frames)])
         peer.queued_bytes += sum(map(len, frames))
         # Drop-oldest (see the module docstring); bounded by the queue length.
         while peer.queued_bytes > self.send_queue_bytes_max:
-            dropped = peer.queue.popleft()
-            peer.queued_bytes -= len(dropped)
-            self.stats["frames_dropped"] += 1
-            self.stats["bytes_dropped"] += len(dropped)
+            self._drop_oldest(peer, "frames_dropped")
         self._schedule_flush()
+
+    def _drop_oldest(self, peer: _PeerState, reason: str) -> None:
+        dropped = peer.queue.popleft()
+        peer.queued_bytes -= len(dropped)
+        stamp = peer.stamps[0]
+        stamp[1] -= 1
+        if not stamp[1]:
+            peer.stamps.popleft()
+        self.stats[reason] += 1
+        if reason == "frames_dropped":
+            self.stats["bytes_dropped"] += len(dropped)
+
+    def _clear_queue(self, peer: _PeerState) -> None:
+        peer.queue.clear()
+        peer.stamps.clear()
+        peer.queued_bytes = 0
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and not self._closing:
@@ -323,8 +363,7 @@ class PeerTransport:
                 continue
             conn.transport.write(b"".join(peer.queue))
             self.stats["frames_sent"] += len(peer.queue)
-            peer.queue.clear()
-            peer.queued_bytes = 0
+            self._clear_queue(peer)
 
     # -- connection events (called by _PeerConnection) --
 
@@ -359,6 +398,17 @@ class PeerTransport:
         old = peer.conn
         if old is not None and old is not conn:
             old.close_locally()  # the peer reconnected; its old connection is stale
+        # No stale replays (module docstring).
+        inc = conn.stream.peer_incarnation
+        if peer.incarnation is not None and inc != peer.incarnation and peer.queue:
+            self.stats["frames_discarded_restart"] += len(peer.queue)
+            log.info("node %d restarted: discarding %d frames queued for its previous process",
+                     conn.peer_id, len(peer.queue))
+            self._clear_queue(peer)
+        peer.incarnation = inc
+        expired_before = time.monotonic() - self.queue_wait_max_s
+        while peer.stamps and peer.stamps[0][0] < expired_before:  # bounded by the queue
+            self._drop_oldest(peer, "frames_expired")
         peer.conn = conn
         peer.connected.set()
         self.stats["connections_established"] += 1

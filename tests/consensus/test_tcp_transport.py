@@ -56,10 +56,16 @@ class Inbox:
                 await self._changed.wait()
 
 
+def incarnation(node_id: int) -> int:
+    """Fixed per node in these tests, so a replica's hello is known bytes."""
+    return 1000 + node_id
+
+
 def make(node_id: int, socks: dict[int, socket.socket], inbox: Inbox, **kw) -> PeerTransport:
     peers = {p: s.getsockname() for p, s in socks.items()}
     kw.setdefault("backoff_base_s", 0.01)
     kw.setdefault("backoff_max_s", 0.2)
+    kw.setdefault("incarnation", incarnation(node_id))
     return PeerTransport(CLUSTER, node_id, peers, inbox, rng=random.Random(node_id), **kw)
 
 
@@ -111,8 +117,8 @@ async def raw_exchange(port: int, payload: bytes, *, half_close: bool = True) ->
         return got
 
 
-def good_hello(node: int) -> bytes:
-    return encode_frame(hello(CLUSTER, node, PROTOCOL_VERSION))
+def good_hello(node: int, inc: int | None = None) -> bytes:
+    return encode_frame(hello(CLUSTER, node, PROTOCOL_VERSION, incarnation(node) if inc is None else inc))
 
 
 @pytest.mark.parametrize(
@@ -259,6 +265,72 @@ async def test_reconnect_after_the_peer_restarts():
             assert t1.is_connected(2)
         finally:
             await t2b.close()
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+@pytest.mark.parametrize("restarted", [True, False], ids=["new-incarnation", "same-incarnation"])
+async def test_frames_queued_while_a_peer_was_away_reach_only_the_same_process(restarted):
+    """Frames queued for node 2 while it was unreachable are delivered when the same
+    process reconnects (a blip), and discarded when a restarted one (a new
+    incarnation in its hello) connects: they were meant for the process that died."""
+    socks = {1: bound_socket(), 2: bound_socket()}
+    port2 = socks[2].getsockname()[1]
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, "before")
+        await in2.wait_for(lambda m: (1, "before") in m)
+        conn = t1._peers[2].conn
+        assert conn is not None
+        await t2.close()
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.shield(conn.lost)  # node 1 saw it go
+        t1.send(2, "queued while away")
+        assert t1.queued_bytes(2) > 0
+
+        in2b = Inbox()
+        inc = incarnation(2) + 1 if restarted else incarnation(2)
+        t2b = PeerTransport(CLUSTER, 2, {1: socks[1].getsockname()}, in2b, rng=random.Random(7), incarnation=inc)
+        await t2b.start("127.0.0.1", port2)
+        try:
+            async with asyncio.timeout(WAIT_S):
+                await t1.wait_connected(2)
+            t1.send(2, "after")
+            await in2b.wait_for(lambda m: (1, "after") in m)
+            if restarted:
+                assert in2b.msgs == [(1, "after")]
+                assert t1.stats["frames_discarded_restart"] == 1
+            else:
+                assert in2b.msgs == [(1, "queued while away"), (1, "after")]
+                assert "frames_discarded_restart" not in t1.stats
+        finally:
+            await t2b.close()
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_frames_that_waited_too_long_for_a_connection_are_dropped():
+    """A peer never reached may have died and restarted meanwhile: frames older than
+    queue_wait_max_s are not replayed to whoever answers (here every frame queued
+    before the connection counts as too old)."""
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1, queue_wait_max_s=0.0), make(2, socks, in2)
+    try:
+        await t1.start(sock=socks[1])
+        t1.send(2, "old")  # node 2 is not listening yet
+        await t2.start(sock=socks[2])
+        async with asyncio.timeout(WAIT_S):
+            await t1.wait_connected(2)
+        t1.send(2, "new")
+        await in2.wait_for(lambda m: (1, "new") in m)
+        assert in2.msgs == [(1, "new")]
+        assert t1.stats["frames_expired"] == 1 and t1.queued_bytes(2) == 0
     finally:
         await t1.close()
         await t2.close()
