@@ -7,6 +7,7 @@
     host, port = await t.start("127.0.0.1", 7001)   # or start(sock=a_bound_socket)
     t.send(peer_id, msg)            # encode now, written at the end of this loop turn
     t.send_many(peer_id, msgs)
+    t.flush()                       # write the queues now rather than at the end of the turn
     t.is_connected(peer_id); t.stats["malformed"]; ...
     await t.close()
 
@@ -18,9 +19,12 @@ checks out. The newest authenticated connection for a peer replaces an older one
 (the peer restarted).
 
 **Receiving.** ``on_messages(peer_id, msgs)`` runs on the event loop with every
-message decoded from one read, in order. It must not block; an exception from it is
-logged and counted (``callback_errors``), never fatal; a ``ProtocolError`` from it
-(a well-framed but invalid message) closes that connection like a bad frame.
+message decoded from one read, in order. It must not block. A ``ProtocolError`` from
+it (a well-framed but invalid message: the peer's fault) closes that connection like
+a bad frame. Any other exception is the owner's failure, not the peer's, and the
+transport will not guess whether the owner can go on (crash-only): it counts it
+(``callback_errors``), stops delivering anything, and hands the exception to
+``on_fatal(exc)``; without an ``on_fatal`` it logs it and closes itself.
 
 **Errors.** A malformed, oversized or truncated frame or a bad hello (wrong cluster,
 unknown node, wrong version) aborts that connection only, logs a warning and bumps
@@ -224,6 +228,7 @@ class PeerTransport:
         close_timeout_s: float = 5.0,
         incarnation: int | None = None,
         queue_wait_max_s: float = 1.0,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.node_id = node_id
@@ -243,6 +248,9 @@ class PeerTransport:
         self._pending_connections_max = pending_connections_max
         self._close_timeout_s = close_timeout_s
         self.queue_wait_max_s = queue_wait_max_s
+        self.on_fatal = on_fatal
+        self.failed: BaseException | None = None  # what on_messages raised, if it did
+        self._close_task: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._hello = self.handshake.hello_frame()
         self._peers = {p: _PeerState(p) for p in sorted(self._addresses)}
@@ -302,6 +310,12 @@ class PeerTransport:
 
     def send_many(self, peer_id: int, msgs: Iterable[Any]) -> None:
         self._enqueue(peer_id, [encode_frame(m, self.max_frame_bytes) for m in msgs])
+
+    def flush(self) -> None:
+        """Write every queued frame now instead of at the end of this loop turn (a
+        caller that must order these writes before others of its own)."""
+        if not self._closing:
+            self._flush()
 
     def is_connected(self, peer_id: int) -> bool:
         return self._peer(peer_id).conn is not None
@@ -432,15 +446,24 @@ class PeerTransport:
         log.warning("peer connection %s (node %s) closed: %s (%s)", conn.peername, conn.peer_id, reason, detail)
 
     def _deliver(self, conn: _PeerConnection, peer_id: int, msgs: list[Any]) -> None:
+        if self.failed is not None:
+            return
         self.stats["messages_received"] += len(msgs)
         try:
             self.on_messages(peer_id, msgs)
         except ProtocolError as e:
             # Well framed but not a valid message: the receiver's verdict closes it.
             conn.fail(e.reason, e.detail)
-        except Exception:
+        except Exception as e:
+            # The owner failed (module docstring): deliver nothing more, let it stop.
             self.stats["callback_errors"] += 1
-            log.exception("on_messages callback raised for messages from node %d", peer_id)
+            self.failed = e
+            if self.on_fatal is not None:
+                self.on_fatal(e)
+            else:
+                log.error("on_messages raised for messages from node %d; closing the transport",
+                          peer_id, exc_info=e)
+                self._close_task = asyncio.get_running_loop().create_task(self.close())
 
     # -- dialing --
 

@@ -392,30 +392,59 @@ async def test_slow_peer_backpressure_drops_oldest_and_counts():
             await server.wait_closed()
 
 
-async def test_a_raising_callback_is_counted_not_fatal():
+async def test_a_raising_callback_is_fatal_and_reported_to_on_fatal():
+    """Crash-only: an exception from on_messages (other than ProtocolError) is the
+    owner's failure. The transport delivers nothing more and calls on_fatal once."""
     socks = {1: bound_socket(), 2: bound_socket()}
-    in1 = Inbox()
     got: list = []
+    fatal: list = []
+    reported = asyncio.Event()
 
     def fragile(peer_id, msgs):
         got.extend(msgs)
         if "boom" in msgs:
             raise RuntimeError("callback bug")
 
-    t1 = make(1, socks, in1)
-    t2 = PeerTransport(CLUSTER, 2, {p: s.getsockname() for p, s in socks.items()}, fragile)
+    def on_fatal(exc):
+        fatal.append(exc)
+        reported.set()
+
+    t1 = make(1, socks, Inbox())
+    t2 = make(2, socks, fragile, on_fatal=on_fatal)
     await t1.start(sock=socks[1])
     await t2.start(sock=socks[2])
     try:
         t1.send(2, "boom")
         async with asyncio.timeout(WAIT_S):
-            await t2.wait_connected(1)
-        t2.send(1, "ack")
-        await in1.wait_for(lambda m: (2, "ack") in m)
-        t1.send(2, "fine")
-        t2.send(1, "ack2")
-        await in1.wait_for(lambda m: (2, "ack2") in m)
-        assert t2.stats["callback_errors"] >= 1 and t2.is_connected(1)
+            await reported.wait()
+        assert [str(e) for e in fatal] == ["callback bug"] and t2.failed is fatal[0]
+        conn = t2._peers[1].conn
+        t2._deliver(conn, 1, ["after", "boom"])  # what the next read would do
+        assert got == ["boom"] and len(fatal) == 1 and t2.stats["callback_errors"] == 1
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_a_raising_callback_without_on_fatal_closes_the_transport():
+    socks = {1: bound_socket(), 2: bound_socket()}
+
+    def fragile(peer_id, msgs):
+        raise RuntimeError("callback bug")
+
+    t1 = make(1, socks, Inbox())
+    t2 = make(2, socks, fragile)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await t1.wait_connected(2)
+            conn = t1._peers[2].conn
+            t1.send(2, "boom")
+            await asyncio.shield(conn.lost)  # node 2 closed itself, connections included
+        assert t2.stats["callback_errors"] == 1 and t2._close_task is not None
+        with pytest.raises(RuntimeError):
+            t2.send(1, "anything")  # closed
     finally:
         await t1.close()
         await t2.close()
