@@ -496,7 +496,12 @@ class WAL:
         else:
             os.close(self._fd)
         self._fd = -1
-        self._create_segment(self._last_seq + 1)
+        try:
+            self._create_segment(self._last_seq + 1)
+        except BaseException as e:
+            # No segment to write to: every later append would fail differently. Fail now.
+            self._failed = e
+            raise
 
     def _create_segment(self, first_seq: int) -> None:
         path = os.path.join(self.directory, segment_name(first_seq))
