@@ -19,6 +19,15 @@
 
 Flags override the file. Every configuration error is one line on stderr and exit
 status 2. SIGTERM and SIGINT stop the node cleanly (the WAL is synced and closed).
+A replica that stops on its own (crash-only, ``consensus.runtime.node``: the core
+raised, a WAL write or fsync failed) prints one line and exits with status 1::
+
+    cellar serve: replica 1 stopped: core raised SafetyViolation: ... (in step) (traceback in D/crash.log)
+
+Test-only fault hook: ``CELLAR_TEST_CORE_FAULT=CALL:N`` (CALL one of ``step``,
+``tick``, ``propose``, ``ready``) makes the replica's core raise ``SafetyViolation``
+on its (N+1)-th CALL, so tests can check the crash-only path on a real process.
+Never set it outside tests.
 
 ``cellar up --replicas 3`` starts that many ``cellar serve`` processes on 127.0.0.1
 with data under one folder, prints where each listens, and stops them on Ctrl-C.
@@ -142,9 +151,46 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 1000)
 
 
-async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
+TEST_CORE_FAULT_ENV = "CELLAR_TEST_CORE_FAULT"
+TEST_CORE_FAULT_CALLS = ("step", "tick", "propose", "ready")
+
+
+def parse_test_core_fault(spec: str) -> tuple[str, int]:
+    call, _, count = spec.partition(":")
+    if call not in TEST_CORE_FAULT_CALLS or not count.isdigit():
+        raise NodeError(f"{TEST_CORE_FAULT_ENV}={spec!r}: expected CALL:N with CALL one of "
+                        f"{', '.join(TEST_CORE_FAULT_CALLS)}")
+    return call, int(count)
+
+
+def install_test_core_fault(replica: Any, spec: str) -> None:
+    """TEST ONLY (``CELLAR_TEST_CORE_FAULT=CALL:N``): the first N calls of the core's
+    CALL method run normally, the next one raises ``SafetyViolation``."""
+    from consensus.core.sdpaxos import SafetyViolation
+
+    call, count = parse_test_core_fault(spec)
+    real = getattr(replica, call)
+    left = [count]
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        if left[0] == 0:
+            raise SafetyViolation(f"test fault injected by {TEST_CORE_FAULT_ENV}={spec}")
+        left[0] -= 1
+        return real(*args, **kwargs)
+
+    setattr(replica, call, faulty)  # shadows the method on this instance only
+
+
+async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
+    """Run until stopped: 0 after SIGTERM/SIGINT, or the one-line reason the node
+    stopped on its own."""
+    fault = os.environ.get(TEST_CORE_FAULT_ENV)
+    if fault:
+        parse_test_core_fault(fault)  # a typo is a configuration error, before anything opens
     node = Node(cfg)
     node.open()
+    if fault:
+        install_test_core_fault(node.replica, fault)
     tune_gc()
     await node.start()
     loop = asyncio.get_running_loop()
@@ -156,7 +202,9 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
             json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
         os.replace(tmp, ready_file)
     await node.stopped.wait()
-    return 1 if node._failed is not None else 0
+    if node._failed is not None:
+        return node.failure or repr(node._failed)
+    return 0
 
 
 def install_loop() -> None:
@@ -193,11 +241,14 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "snapshot_every": snapshot_every,
         })
         install_loop()
-        code = asyncio.run(run_node(cfg, ready_file))
+        outcome = asyncio.run(run_node(cfg, ready_file))
     except NodeError as e:
         click.echo(f"cellar serve: {e}", err=True)
         sys.exit(2)
-    sys.exit(code)
+    if outcome != 0:
+        click.echo(f"cellar serve: replica {cfg.node_id} stopped: {outcome}", err=True)
+        sys.exit(1)
+    sys.exit(0)
 
 
 # --- local clusters -------------------------------------------------------------------

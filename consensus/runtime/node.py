@@ -2,15 +2,19 @@
 
 Per event-loop turn the node feeds the replica what arrived (peer envelopes, client
 requests, elapsed ticks), then takes one ``Ready`` and carries it out in the order
-its contract demands (``consensus.core.ready``):
+its contract demands (``consensus.core.ready``); ``Node._process`` spells the
+sequence out: persist → send → reply → install a fetched snapshot.
 
-1. append ``persist`` records to the WAL (buffered);
-2. hold that Ready's messages and replies until the WAL says the records are durable
-   (``GroupCommitter``: one fsync in a worker thread covers every record of every
-   turn since the last one). Outputs are released strictly in Ready order, so a later
-   message never overtakes the durability of an earlier record;
-3. send each envelope as one frame per peer (written once per turn by the transport)
-   and each client connection's replies as one frame.
+**Crash-only.** The node has one way to handle a failure it did not plan for: stop.
+An exception from the core (``step``, ``tick``, ``propose``, ``read``, ``ready``,
+snapshot calls, ``status``), a failed WAL write or fsync (any ``OSError``, not only
+``WALError``), a failed snapshot store, or any other exception in the driver's own
+callbacks sets ``Node.failure`` (one line), writes the traceback to
+``<data_dir>/crash.log``, stops the node (nothing more is sent or answered) and sets
+``stopped``; ``cellar serve`` then prints that one line and exits with status 1.
+Restarting recovers from the WAL and snapshots, which is the path every crash
+takes anyway. Bad input from the network is not a failure of this replica: a
+malformed peer frame or client request closes that connection only.
 
 Ticks come from the monotonic clock and are never dropped: after a stall the replica
 receives every tick that elapsed. That keeps the sequencer's lease honest (its lease
@@ -34,6 +38,7 @@ import logging
 import os
 import random
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,10 +70,20 @@ SNAPSHOT_PULL_TIMEOUT_S = 10.0
 WAITERS_MAX = 1 << 20
 # Commands queued in the replica but not yet in an instance before new ones are refused.
 PENDING_MAX = 200_000
+# Peer envelopes kept while a snapshot is being installed (more are dropped, as a network may).
+HELD_ENVELOPES_MAX = 10_000
 
 
 class NodeError(Exception):
     """The node cannot start or must stop; the message is one actionable line."""
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` on one line, bounded."""
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass
@@ -142,10 +157,12 @@ class _ClientConn(asyncio.Protocol):
         try:
             for frame in self.decoder.feed(data):
                 self.node._on_client_frame(self, clientwire.parse_requests(frame))
-        except (ProtocolError, clientwire.BadRequest) as e:
+        except (ProtocolError, clientwire.BadRequest) as e:  # the client's fault: drop it
             self.node.stats["client_bad_frames"] += 1
             log.warning("client connection closed: %s", e)
             self.abort()
+        except Exception as e:  # ours: crash-only
+            self.node._fail(f"internal error handling a client frame: {_describe(e)}", e)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -193,6 +210,9 @@ class Node:
         self._scheduled = False
         self._stopping = False
         self._failed: BaseException | None = None
+        self.failure: str | None = None  # why the node stopped on its own (one line)
+        self._digest_cache: tuple | None = None
+        self._stop_task: asyncio.Task | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._ticks_done = 0
         self._t0 = 0.0
@@ -201,6 +221,11 @@ class Node:
         self._snap_bytes: bytes | None = None  # our latest snapshot, encoded (served to peers)
         self._live_starts: deque = deque(maxlen=2)  # WAL seq where each kept snapshot's live records begin
         self._pull: tuple[int, SnapshotReceiver, float] | None = None
+        # A peer's snapshot, fetched, waiting for the end of a _process turn to be installed.
+        self._fetched: tuple[int, Snapshot, dict] | None = None
+        # Between install_snapshot and the snapshot being stored: the core gets nothing.
+        self._installing = False
+        self._held: deque = deque()  # (peer, msgs) that arrived meanwhile, fed afterwards
         self.stopped = asyncio.Event()
 
     # --- startup ------------------------------------------------------------------
@@ -280,7 +305,8 @@ class Node:
         # superseded by retransmissions: not replayed (tcp module docstring).
         self.transport = PeerTransport(cfg.cluster_id, cfg.node_id, cfg.peers, self._on_peer_frames,
                                        rng=random.Random(cfg.node_id * 7919 + time.time_ns()),
-                                       queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000))
+                                       queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000),
+                                       on_fatal=lambda e: self._fail(f"internal error handling peer messages: {_describe(e)}", e))
         host, port = cfg.peers[cfg.node_id]
         try:
             await self.transport.start(host, port)
@@ -300,21 +326,29 @@ class Node:
         log.info("node %d (%s) peers on %s:%d, clients on %s:%d", cfg.node_id, cfg.protocol, host, port, chost, cport)
 
     async def stop(self) -> None:
+        """Stop serving and close everything, bounded; ``stopped`` is set even if a
+        step fails (a stuck shutdown must not look like a live node)."""
         if self._stopping:
             return
         self._stopping = True
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
-        if self._client_server is not None:
-            self._client_server.close()
-        for conn in list(self._clients):
-            conn.abort()
-        if self.transport is not None:
-            await self.transport.close()
-        if self._snap_task is not None:
-            await asyncio.wait([self._snap_task], timeout=10)
-        await self._close_storage()
-        self.stopped.set()
+        try:
+            if self._tick_handle is not None:
+                self._tick_handle.cancel()
+            if self._client_server is not None:
+                self._client_server.close()
+            for conn in list(self._clients):
+                conn.abort()
+            if self.transport is not None:
+                try:
+                    await self.transport.close()
+                except Exception as e:  # bounded by its own timeout; keep shutting down
+                    log.info("node %d: closing the peer transport: %r", self.cfg.node_id, e)
+            task = self._snap_task
+            if task is not None and task is not asyncio.current_task():
+                await asyncio.wait([task], timeout=10)
+            await self._close_storage()
+        finally:
+            self.stopped.set()
 
     async def _close_storage(self) -> None:
         if self.committer is not None:
@@ -325,33 +359,78 @@ class Node:
         if self.wal is not None:
             try:
                 self.wal.close()
-            except WALError:
+            except (WALError, OSError, AssertionError):  # a failed WAL cannot sync any more
                 pass
 
-    def _fatal(self, exc: BaseException) -> None:
-        """Persisting failed: sending anything now would break safety. Stop."""
-        if self._failed is None:
-            self._failed = exc
-            log.error("node %d stopping: the write-ahead log failed: %r", self.cfg.node_id, exc)
-            asyncio.get_running_loop().create_task(self.stop())
+    # --- crash-only -------------------------------------------------------------------
+
+    @property
+    def _down(self) -> bool:
+        return self._stopping or self._failed is not None
+
+    def _fail(self, reason: str, exc: BaseException | None = None) -> None:
+        """Stop because something failed that we cannot reason about (module docstring).
+
+        Called on the loop thread. From here on nothing reaches the core and nothing
+        more is sent or answered, not even output that was waiting for an fsync: not
+        sending is always safe, and it is what a crash would do."""
+        if self._failed is not None:
+            return
+        self._failed = exc if exc is not None else RuntimeError(reason)
+        self.failure = reason
+        report = self._write_crash_report(reason, exc)
+        if report:
+            self.failure = f"{reason} (traceback in {report})"
+        log.info("node %d stopping: %s", self.cfg.node_id, self.failure)
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._stop_task = asyncio.get_running_loop().create_task(self.stop())
+
+    def _core_failed(self, call: str, exc: BaseException) -> None:
+        self._fail(f"core raised {_describe(exc)} (in {call})", exc)
+
+    def _write_crash_report(self, reason: str, exc: BaseException | None) -> str | None:
+        """Best effort: the traceback goes to a file, not to stderr (one line there)."""
+        path = os.path.join(self.cfg.data_dir, "crash.log")
+        try:
+            with open(path, "a") as f:
+                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} node {self.cfg.node_id}: {reason}\n")
+                if exc is not None:
+                    f.write("".join(traceback.format_exception(exc)))
+        except OSError:
+            return None
+        return path
 
     # --- inputs ---------------------------------------------------------------------
 
     def _on_timer(self) -> None:
+        if self._down:
+            return
         tick_s = self.cfg.tick_ms / 1000
-        due = int((time.monotonic() - self._t0) / tick_s)
-        replica = self.replica
-        while self._ticks_done < due:
-            self._ticks_done += 1
-            replica.tick()
-        self._check_pull()
+        if not self._installing:  # ticks are not dropped: they arrive after the install
+            due = int((time.monotonic() - self._t0) / tick_s)
+            replica = self.replica
+            try:
+                while self._ticks_done < due:
+                    self._ticks_done += 1
+                    replica.tick()
+            except Exception as e:
+                self._core_failed("tick", e)
+                return
+        try:
+            self._check_pull()
+        except Exception as e:
+            self._fail(f"internal error in the tick timer: {_describe(e)}", e)
+            return
         self._kick()
-        if not self._stopping:
-            delay = self._t0 + (self._ticks_done + 1) * tick_s - time.monotonic()
-            self._tick_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._on_timer)
+        delay = self._t0 + (self._ticks_done + 1) * tick_s - time.monotonic()
+        self._tick_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._on_timer)
 
     def _on_peer_frames(self, peer: int, frames: list) -> None:
-        if self._stopping:
+        """Frames from an authenticated peer. A ``ProtocolError`` (the peer's fault)
+        closes that connection; anything else raised here reaches the transport's
+        ``on_fatal`` and stops the node."""
+        if self._down:
             return
         for frame in frames:
             if type(frame) is not list or len(frame) != 2 or type(frame[0]) is not int:
@@ -366,7 +445,14 @@ class Node:
                 except RemoteProtocolError as e:
                     self.stats["peer_bad_messages"] += 1
                     raise ProtocolError("malformed", str(e)) from None
-                self.replica.step(peer, msgs)
+                if self._installing:
+                    self._hold(peer, msgs)
+                    continue
+                try:
+                    self.replica.step(peer, msgs)
+                except Exception as e:
+                    self._core_failed("step", e)
+                    return
             elif kind == SNAP_PULL:
                 self._serve_snapshot(peer, payload)
             elif kind == SNAP_CHUNK:
@@ -380,21 +466,34 @@ class Node:
         self._kick()
 
     def _on_client_frame(self, conn: _ClientConn, requests: list) -> None:
+        if self._down:
+            conn.abort()
+            return
         replica = self.replica
         for kind, client, seq, op in requests:
             if kind == clientwire.STATUS:
-                conn.reply([client, seq, clientwire.OK, self.status()])
+                try:
+                    st = self.status()
+                except Exception as e:
+                    self._core_failed("status", e)
+                    return
+                conn.reply([client, seq, clientwire.OK, st])
                 continue
-            if self._stopping or len(self._waiters) >= WAITERS_MAX or replica.backlog >= PENDING_MAX:
+            if self._installing or len(self._waiters) >= WAITERS_MAX or replica.backlog >= PENDING_MAX:
                 self.stats["refused_busy"] += 1
                 conn.reply([client, seq, clientwire.ERROR, "busy: retry later"])
                 continue
             self._waiters[(client, seq)] = conn
-            if kind == clientwire.READ and hasattr(replica, "read"):
-                key = op[1] if type(op) is list and len(op) >= 2 else None
-                replica.read(client, seq, op, key)
-            else:
-                replica.propose(client, seq, op, needs_result=kind != clientwire.WRITE)
+            is_read = kind == clientwire.READ and hasattr(replica, "read")
+            try:
+                if is_read:
+                    key = op[1] if type(op) is list and len(op) >= 2 else None
+                    replica.read(client, seq, op, key)
+                else:
+                    replica.propose(client, seq, op, needs_result=kind != clientwire.WRITE)
+            except Exception as e:
+                self._core_failed("read" if is_read else "propose", e)
+                return
         self._kick()
         if self._dirty_clients:  # status and refusals; answers to commands wait in the outbox
             self._flush_clients()
@@ -402,60 +501,115 @@ class Node:
     # --- effects ----------------------------------------------------------------------
 
     def _kick(self) -> None:
-        if not self._scheduled and not self._stopping:
+        if not self._scheduled and not self._down:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._process)
 
     def _process(self) -> None:
+        """The driver sequence: one ``Ready`` per loop turn, carried out in this order.
+
+        1. **Persist**: append ``rd.persist`` to the WAL (buffered; the ``always`` mode
+           fsyncs here). A failed append (any exception: ``OSError``, ``WALError``, ...)
+           stops the node before anything of this Ready leaves.
+        2. **Send** ``rd.messages``, then 3. **reply** ``rd.replies``, but only once
+           *every record appended so far* is durable, not just this Ready's: an ack
+           the core emits lazily, a turn after the accept it vouches for, must still
+           wait for that accept's fsync. If everything is already durable (and
+           nothing older waits) they go out now; otherwise they wait in the outbox
+           for the ``GroupCommitter``'s fsync, which releases entries strictly in
+           Ready order, so later output never overtakes an earlier record. Each
+           release hands the messages to the transport and writes them before the
+           client replies. A failed fsync stops the node; nothing waiting is sent.
+        4. **Install** a fetched peer snapshot, last (``_install_fetched``):
+           ``install_snapshot`` → store it durably → ``compact`` → append the live
+           records and wait for their fsync, with the core frozen from the install
+           to the end (no step, tick, propose or ``ready()``: peer envelopes are
+           held, ticks wait, clients hear "busy"). The next ``ready()``, whose output
+           may rely on the installed state, therefore runs only once that state is
+           durable (``consensus.core.ready``, the simulator's ``SimDisk`` order).
+
+        Then bookkeeping that emits nothing itself: start fetching a snapshot the
+        replica asked for (``rd.snapshot_from``) and take our own snapshot when due.
+        """
         self._scheduled = False
-        if self._stopping or self._failed is not None:
+        if self._down or self._installing:
             return
-        rd = self.replica.ready()
+        try:
+            self._carry_out()
+        except Exception as e:  # a bug in the driver itself: same rule as the core's
+            self._fail(f"internal error in the driver: {_describe(e)}", e)
+
+    def _carry_out(self) -> None:
+        try:
+            rd = self.replica.ready()
+        except Exception as e:
+            self._core_failed("ready", e)
+            return
         wal = self.wal
+        # 1. persist
         if rd.persist:
             try:
-                seq = wal.append_many([msgpack.packb(r, use_bin_type=True) for r in rd.persist])
-            except WALError as e:
-                self._fatal(e)
+                wal.append_many([msgpack.packb(r, use_bin_type=True) for r in rd.persist])
+            except Exception as e:
+                self._fail(f"write-ahead log append failed: {_describe(e)}", e)
                 return
-        else:
-            seq = self._outbox[-1][0] if self._outbox else 0
+        seq = wal.last_seq
+        # 2. send and 3. reply, once durable
         if rd.messages or rd.replies:
             if not self._outbox and seq <= wal.durable_seq:
-                self._release(rd.messages, rd.replies)
+                self._release([(rd.messages, rd.replies)])
             else:
                 self._outbox.append((seq, rd.messages, rd.replies))
                 try:
                     self.committer.on_durable(seq, self._on_durable)
-                except WALError as e:
-                    self._fatal(e)
+                except Exception as e:
+                    self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
                     return
-        elif rd.persist:
+        elif seq > wal.durable_seq:
             self.committer.request_sync()
-        wanted = getattr(rd, "snapshot_from", None)
+        if self._down:
+            return
+        # 4. install a fetched snapshot
+        if self._fetched is not None:
+            self._install_fetched()
+            if self._down or self._installing:
+                return
+        wanted = rd.snapshot_from
         if wanted is not None:
             self._start_pull(wanted)
         self._maybe_snapshot()
 
     def _on_durable(self, exc: BaseException | None) -> None:
-        if exc is not None:
-            self._fatal(exc)
+        if self._down:
             return
-        durable = self.wal.durable_seq
-        outbox = self._outbox
-        while outbox and outbox[0][0] <= durable:
-            _, messages, replies = outbox.popleft()
-            self._release(messages, replies)
+        if exc is not None:
+            self._fail(f"write-ahead log fsync failed: {_describe(exc)}", exc)
+            return
+        try:
+            durable = self.wal.durable_seq
+            outbox = self._outbox
+            batch = []
+            while outbox and outbox[0][0] <= durable:  # bounded by the outbox
+                _, messages, replies = outbox.popleft()
+                batch.append((messages, replies))
+            if batch:
+                self._release(batch)
+        except Exception as e:  # the committer would only log it: stop instead
+            self._fail(f"internal error releasing output: {_describe(e)}", e)
 
-    def _release(self, messages: list, replies: list) -> None:
+    def _release(self, batch: list) -> None:
+        """Send every message of ``batch`` (Ready outputs, in order), then answer its
+        clients."""
         transport = self.transport
-        for dst, msgs in messages:
-            try:
-                transport.send(dst, [ENVELOPE, [encode_message(m) for m in msgs]])
-            except (ValueError, RuntimeError) as e:  # oversized or closing: peers resend
-                log.debug("dropped envelope to %d: %s", dst, e)
-        if replies:
-            waiters = self._waiters
+        for messages, _ in batch:
+            for dst, msgs in messages:
+                try:
+                    transport.send(dst, [ENVELOPE, [encode_message(m) for m in msgs]])
+                except ValueError as e:  # oversized: the core resends what matters
+                    log.debug("dropped envelope to %d: %s", dst, e)
+        transport.flush()
+        waiters = self._waiters
+        for _, replies in batch:
             for r in replies:
                 conn = waiters.pop((r.client, r.seq), None)
                 if conn is not None:
@@ -479,48 +633,122 @@ class Node:
             return
         if getattr(replica, "exec_slot", 0) - self._snap_slot < every:
             return
-        taken = replica.take_snapshot()
+        try:
+            taken = replica.take_snapshot()
+        except Exception as e:
+            self._core_failed("take_snapshot", e)
+            return
         if taken is None:
             return
         meta, state = taken
         self._snap_slot = meta["slot"]
         snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state)
-        self._snap_task = asyncio.get_running_loop().create_task(self._save_snapshot(snap, meta, installed=False))
+        self._snap_task = asyncio.get_running_loop().create_task(self._save_own_snapshot(snap, meta))
 
-    async def _save_snapshot(self, snap: Snapshot, meta: dict, installed: bool) -> None:
+    async def _save_own_snapshot(self, snap: Snapshot, meta: dict) -> None:
+        """``take_snapshot`` (done) → store it durably → ``compact`` → live records
+        durable → drop WAL segments. The core keeps running meanwhile: ``compact``
+        restates whatever the log holds when it is called."""
+        try:
+            directory = os.path.join(self.cfg.data_dir, "snapshots")
+            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=2))
+            if self._down:
+                return
+            self._snap_bytes = encode_snapshot(snap)
+            self._snap_slot = max(self._snap_slot, meta["slot"])
+            try:
+                live = self.replica.compact(meta)
+            except Exception as e:
+                self._core_failed("compact", e)
+                return
+            await self._write_live(live, installed=False)
+            self.stats["snapshots_taken"] += 1
+            self._kick()
+        except Exception as e:  # a failed write of durable state: never carry on
+            if not self._down:
+                self._fail(f"storing a snapshot failed: {_describe(e)}", e)
+        finally:
+            self._snap_task = None
+
+    async def _write_live(self, live: list, installed: bool) -> None:
+        """Append the records ``compact`` returned, wait for their fsync, then drop the
+        WAL segments that only the older retained snapshot could still need."""
+        wal = self.wal
+        start = wal.last_seq + 1
+        if live:
+            wal.append_many([msgpack.packb(r, use_bin_type=True) for r in live])
+            await self.committer.durable(wal.last_seq)
+        if installed:
+            self._live_starts.clear()
+        self._live_starts.append(start)
+        # Keep what the older retained snapshot needs (load_latest may fall back to it).
+        if len(self._live_starts) == 2:
+            wal.compact(self._live_starts[0] - 1)
+
+    def _install_fetched(self) -> None:
+        """Step 4 of ``_process``: adopt the fetched snapshot and freeze the core until
+        it is stored and compacted (``consensus.core.sdpaxos.install_snapshot``)."""
+        assert self._fetched is not None
+        peer, snap, meta = self._fetched
+        self._fetched = None
+        if self._snap_task is not None:
+            return  # our own snapshot is being stored; the replica asks again
+        try:
+            installed = self.replica.install_snapshot(meta, snap.body)
+        except Exception as e:
+            self._core_failed("install_snapshot", e)
+            return
+        if not installed:  # we got there by ourselves meanwhile
+            return
+        self._installing = True
+        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body)
+        self._snap_task = asyncio.get_running_loop().create_task(self._store_installed(peer, mine, meta))
+
+    async def _store_installed(self, peer: int, snap: Snapshot, meta: dict) -> None:
         try:
             directory = os.path.join(self.cfg.data_dir, "snapshots")
             # A peer's snapshot does not pair with our older ones (we never had the log
             # between them): keep only it.
-            keep = 1 if installed else 2
-            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=keep))
-            if self._stopping:
-                return
-            if installed and not self.replica.install_snapshot(meta, snap.body):
+            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=1))
+            if self._down:
                 return
             self._snap_bytes = encode_snapshot(snap)
             self._snap_slot = max(self._snap_slot, meta["slot"])
-            live = self.replica.compact(meta)
-            wal = self.wal
-            start = wal.last_seq + 1
-            if live:
-                wal.append_many([msgpack.packb(r, use_bin_type=True) for r in live])
-                await self.committer.durable(wal.last_seq)
-            if installed:
-                self._live_starts.clear()
-            self._live_starts.append(start)
-            # Keep what the older retained snapshot needs (load_latest may fall back to it).
-            if len(self._live_starts) == 2:
-                wal.compact(self._live_starts[0] - 1)
-            self.stats["snapshots_installed" if installed else "snapshots_taken"] += 1
-            self._kick()
-        except Exception as e:  # a failed snapshot is retried later; the WAL still has everything
-            if isinstance(e, WALError):
-                self._fatal(e)
-            else:
-                log.exception("snapshot failed: %r", e)
+            try:
+                live = self.replica.compact(meta)
+            except Exception as e:
+                self._core_failed("compact", e)
+                return
+            await self._write_live(live, installed=True)
+        except Exception as e:  # the core already moved on to state that is not durable
+            if not self._down:
+                self._fail(f"storing the snapshot installed from node {peer} failed: {_describe(e)}", e)
+            return
         finally:
             self._snap_task = None
+        if self._down:
+            return
+        self.stats["snapshots_installed"] += 1
+        self._installing = False
+        self._feed_held()
+        self._kick()
+
+    def _hold(self, peer: int, msgs: list) -> None:
+        if len(self._held) < HELD_ENVELOPES_MAX:
+            self._held.append((peer, msgs))
+        else:  # safe: the network may lose messages
+            self.stats["peer_envelopes_dropped"] += 1
+
+    def _feed_held(self) -> None:
+        held, self._held = self._held, deque()
+        replica = self.replica
+        while held:  # bounded by HELD_ENVELOPES_MAX
+            peer, msgs = held.popleft()
+            try:
+                replica.step(peer, msgs)
+            except Exception as e:
+                self._core_failed("step", e)
+                return
 
     def _serve_snapshot(self, peer: int, offset: Any) -> None:
         data = self._snap_bytes
@@ -534,7 +762,8 @@ class Node:
             self.stats["snapshots_served"] += 1
 
     def _start_pull(self, peer: int) -> None:
-        if self._pull is not None or self._snap_task is not None or peer == self.cfg.node_id:
+        if (self._pull is not None or self._snap_task is not None or self._fetched is not None
+                or peer == self.cfg.node_id):
             return
         self._pull = (peer, SnapshotReceiver(SNAPSHOT_BYTES_MAX), time.monotonic())
         self.transport.send(peer, [SNAP_PULL, 0])
@@ -565,21 +794,35 @@ class Node:
         try:
             snap = decode_snapshot(data, f"snapshot from node {peer}")
             meta = msgpack.unpackb(snap.meta, raw=False, strict_map_key=False)
-        except Exception as e:
+        except Exception as e:  # the peer's bytes, not our state: drop it
             log.warning("snapshot from node %d is unusable: %s", peer, e)
             return
-        if self._snap_task is not None or meta.get("slot", 0) <= getattr(self.replica, "exec_slot", 0):
+        if type(meta) is not dict or type(meta.get("slot")) is not int:
+            log.warning("snapshot from node %d has unusable metadata", peer)
             return
-        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body)
-        self._snap_task = asyncio.get_running_loop().create_task(self._save_snapshot(mine, meta, installed=True))
+        if self._snap_task is not None or meta["slot"] <= getattr(self.replica, "exec_slot", 0):
+            return
+        self._fetched = (peer, snap, meta)  # installed at the end of the next _process turn
+        self._kick()
 
     # --- observability ----------------------------------------------------------------
+
+    def _digest(self) -> str | None:
+        """The state machine's digest, recomputed only when execution moved: it
+        encodes the whole state, and clients poll status while waiting."""
+        replica = self.replica
+        sm = replica.executor.sm
+        if not hasattr(sm, "digest"):
+            return None
+        at = (getattr(replica, "exec_slot", None), replica.executor.applied)
+        if at[0] is None or self._digest_cache is None or self._digest_cache[0] != at:
+            self._digest_cache = (at, sm.digest())
+        return self._digest_cache[1]
 
     def status(self) -> dict:
         replica = self.replica
         st = dict(replica.status())
-        sm = replica.executor.sm
-        st["digest"] = sm.digest() if hasattr(sm, "digest") else None
+        st["digest"] = self._digest()
         st["cluster_id"] = self.cfg.cluster_id
         st["fsync"] = self.cfg.fsync
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
