@@ -283,6 +283,13 @@ class MultiPaxosReplica(ReplicaBase):
             return
         self._heard_from_leader()
         if m.upto <= self.committed:
+            if len(m.batches) == SLOTS_PER_MSG_MAX:
+                # The leader resends slots we hold, cut at SLOTS_PER_MSG_MAX (its
+                # ``acked`` for us restarted at 0 in its view): tell it our prefix, or
+                # it resends the same slots forever and we never get the ones we lack.
+                # (A shorter stale commit ends at the leader's commit point: the next
+                # one carries what we lack.)
+                self.send(src, MAck(self.view, self.prefix), lazy=True)
             return
         for k, batch in enumerate(m.batches):
             j = m.start + k
