@@ -318,9 +318,16 @@ class Simulation:
                     t += step
                 self._drain(node)
                 self._push(t, _TICK, node, b)
-        for t, _, kind, a, b, c in held:
+        # The backlog is handled one event after another: spread it by each event's
+        # cost, so the busy check does not re-queue every waiting event per event.
+        t_next = self.now
+        cfg = self.cfg
+        for _t, _, kind, a, b, c in held:
             if kind != _TICK:
-                self._push(self.now, kind, a, b, c)
+                self._push(t_next, kind, a, b, c)
+                if kind <= _REQUEST:
+                    cost = cfg.cpu_us_event + (cfg.cpu_us_msg * c[2] if kind == _DELIVER else 0)
+                    t_next += int(cost * self.slowness[node])
 
     def restart(self, node: int) -> None:
         if self.nodes[node] is None:
