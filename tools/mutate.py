@@ -50,9 +50,15 @@ IGNORED_NAMES = [".git", ".hypothesis", "__pycache__", ".pytest_cache", "*.egg-i
 SUITES = {
     "default": {},
     # The long campaigns of README.md "Longer runs".
-    "long": {"CELLAR_FAULT_EXAMPLES": "5000", "CELLAR_SIM_EXAMPLES": "5000", "CELLAR_SNAPSHOT_EXAMPLES": "2000"},
+    "long": {
+        "CELLAR_FAULT_EXAMPLES": "5000",  # test_fault_search.py (hypothesis version)
+        "CELLAR_SEARCH_LONG": "1",  # test_fault_search.py (swarm version): the rotating-seed campaign
+        "CELLAR_SEARCH_EXAMPLES": "5000",
+        "CELLAR_SIM_EXAMPLES": "5000",  # test_safety.py
+        "CELLAR_SNAPSHOT_EXAMPLES": "2000",  # test_snapshot.py
+    },
 }
-TIMEOUT_S = {"default": 900.0, "long": 6 * 3600.0}
+TIMEOUT_S = {"default": 1800.0, "long": 6 * 3600.0}
 GUARD_EXIT = 99
 GUARD = f'''\
 """Written by tools/mutate.py: abort unless the packages come from this copy."""
@@ -70,6 +76,7 @@ def pytest_configure(config):
         pytest.exit("mutate: " + ", ".join(outside) + " imported from outside the copy", returncode={GUARD_EXIT})
 '''
 FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
+PYTEST_TIMEOUT = re.compile(r"^E\s+Failed: Timeout >", re.M)
 
 
 class Abort(Exception):
@@ -79,7 +86,9 @@ class Abort(Exception):
 @dataclass
 class Run:
     seed: int
-    outcome: str  # killed | survived | timeout
+    # killed | survived | timeout (the run, or one test under pytest-timeout, ran out of
+    # time: on a loaded machine that proves nothing, so it is not counted as a kill)
+    outcome: str
     test: str | None
     seconds: float
     log: str | None = None
@@ -95,10 +104,18 @@ class Result:
 
     @property
     def killed(self) -> int:
-        return sum(1 for r in self.runs if r.outcome != "survived")
+        return sum(1 for r in self.runs if r.outcome == "killed")
+
+    @property
+    def timeouts(self) -> int:
+        return sum(1 for r in self.runs if r.outcome == "timeout")
+
+    def verdict(self) -> str:
+        out = f"{self.killed}/{len(self.runs)}"
+        return out + (f" (+{self.timeouts} timeout)" if self.timeouts else "")
 
     def killer(self) -> str:
-        tests = collections.Counter(r.test or r.outcome for r in self.runs if r.outcome != "survived")
+        tests = collections.Counter(r.test or r.outcome for r in self.runs if r.outcome == "killed")
         if not tests:
             return "-"
         best, _ = tests.most_common(1)[0]
@@ -119,8 +136,10 @@ def snapshot_tree(dest: Path, rev: str | None) -> dict:
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
         return {"source": f"git archive {rev}", "commit": _git("rev-parse", rev), "head": head}
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*IGNORED_NAMES), symlinks=True)
-    dirty = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines() if line]
-    return {"source": "working tree", "head": head, "dirty_files": dirty}
+    status = [line for line in _git("status", "--porcelain").splitlines() if line]
+    dirty = [line[3:] for line in status if not line.startswith("??")]
+    untracked = [line[3:] for line in status if line.startswith("??")]
+    return {"source": "working tree", "head": head, "dirty_files": dirty, "untracked_files": untracked}
 
 
 def _git(*args: str) -> str:
@@ -144,7 +163,8 @@ def make_copy(base: Path, dest: Path, mutant: M.Mutant | None) -> None:
 # --- one run ---------------------------------------------------------------------------
 
 
-def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: bool, log_path: Path | None) -> Run:
+def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: bool, log_path: Path | None,
+              tests: list[str] | None = None) -> Run:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(copy)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -157,7 +177,7 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
         cmd.append("--timeout=0")  # campaigns outlast pytest-timeout's per-test limit
     for path in IGNORE:
         cmd.append(f"--ignore={path}")
-    cmd.append(TESTS)
+    cmd.extend(tests or [TESTS])
     shutil.rmtree(copy / ".hypothesis", ignore_errors=True)  # no replay of another run's examples
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -183,6 +203,8 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
     if timed_out:
         return Run(seed, "timeout", f"timeout after {timeout_s:.0f} s", seconds, log)
     failed = next((m.group(2) for m in map(FAIL_LINE.match, out.splitlines()) if m), None)
+    if failed and PYTEST_TIMEOUT.search(out):
+        return Run(seed, "timeout", f"{failed} hit pytest-timeout", seconds, log)
     if proc.returncode == 0:
         return Run(seed, "survived", None, seconds, log)
     if proc.returncode in (1, 2) and failed:
@@ -216,7 +238,7 @@ def table(results: list[Result], runs: int) -> str:
     rows = [("mutant", "killing test (first failure)", f"killed k/{runs}", "time/run")]
     for r in results:
         mean = sum(x.seconds for x in r.runs) / max(1, len(r.runs))
-        rows.append((r.name, r.killer(), f"{r.killed}/{len(r.runs)}", fmt_s(mean)))
+        rows.append((r.name, r.killer(), r.verdict(), fmt_s(mean)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -233,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="test runs in parallel (1)")
     ap.add_argument("--baseline", action="store_true", help="first run the suite unmutated; abort if it fails")
     ap.add_argument("--timeout", type=float, help="seconds per run; beyond it the run counts as killed (timeout); "
-                    "default 900 (default suite) or 21600 (long)")
+                    "default 1800 (default suite) or 21600 (long)")
     ap.add_argument("--rev", help="mutate this commit (git archive) instead of the working tree")
+    ap.add_argument("--tests", metavar="PATH[,PATH]", help=f"test paths or ids to run instead of {TESTS} "
+                    "(e.g. tests/consensus/test_fault_search.py with --suite long)")
     ap.add_argument("--keep-going", action="store_true", help="no -x: run the whole suite, report the first failure")
     ap.add_argument("--logs", metavar="DIR", help="keep each run's pytest output here")
     ap.add_argument("--json", action="store_true", help="print the results as JSON (progress goes to stderr)")
@@ -265,6 +289,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.jobs < 1:
         raise Abort("--runs and --jobs must be at least 1")
     timeout_s = args.timeout or TIMEOUT_S[args.suite]
+    tests = [x.strip() for x in args.tests.split(",") if x.strip()] if args.tests else None
     progress = sys.stderr if args.json else sys.stdout
     say_lock = threading.Lock()
 
@@ -295,7 +320,7 @@ def _main(args: argparse.Namespace) -> int:
             make_copy(base, copy, mutant)
             try:
                 log = logs / f"{name}-seed{seed}.log" if logs else None
-                return run_suite(copy, args.suite, seed, timeout_s, args.keep_going, log)
+                return run_suite(copy, args.suite, seed, timeout_s, args.keep_going, log, tests)
             finally:
                 shutil.rmtree(copy, ignore_errors=True)
 
@@ -323,7 +348,7 @@ def _main(args: argparse.Namespace) -> int:
                         r.runs.sort(key=lambda x: x.seed)
                         done_count[0] += 1
                         total = sum(x.seconds for x in r.runs)
-                        verdict = f"killed {r.killed}/{len(r.runs)}" if r.killed else f"SURVIVED 0/{len(r.runs)}"
+                        verdict = ("killed " if r.killed else "SURVIVED ") + r.verdict()
                         say(f"[{done_count[0]:2}/{len(chosen)}] {m.name:36} {verdict:14} {r.killer()}  ({fmt_s(total)})")
             except BaseException:
                 for f in futures:
@@ -338,10 +363,11 @@ def _main(args: argparse.Namespace) -> int:
                 "runs": args.runs,
                 "seeds": seeds,
                 "timeout_s": timeout_s,
+                "tests": tests or [TESTS],
                 "tree": source,
                 "baseline": baseline,
                 "mutants": [
-                    {**{k: v for k, v in asdict(r).items() if k != "runs"}, "killed": r.killed,
+                    {**{k: v for k, v in asdict(r).items() if k != "runs"}, "killed": r.killed, "timeouts": r.timeouts,
                      "runs": [asdict(x) for x in r.runs]}
                     for r in ordered
                 ],
