@@ -844,9 +844,19 @@ class SDPaxosReplica(ReplicaBase):
 
     def _recovery_propose(self, rec: CRecovery) -> None:
         """Phase 2 of recovery: the highest-ballot value per instance, else a no-op."""
+        leader = rec.leader
+        if self.promised[leader] > rec.ballot:
+            # We promised a higher ballot while gathering promises (a peer recovers the
+            # same instances; our own re-prepare is not dropped on its prepare):
+            # accepting at ours now would break that promise. Give way; a nack of a
+            # resend brings us back with a higher ballot if we still need to.
+            if self.crec.get(leader) is rec:
+                del self.crec[leader]
+            self._crec_after[leader] = self.now + self.cfg.resend_ticks
+            rec.promises = {}
+            return
         best = pick_highest(rec.promises.values())
         upto = max([rec.need] + list(best))
-        leader = rec.leader
         log = self.clog[leader]
         own = leader == self.id
         if own:

@@ -7,9 +7,10 @@ outranked by a higher prepare only when ``m.leader != self.id``, and
 ``_recovery_propose`` then accepts its own value (``accept_value`` + ``c.acks = 1 <<
 self.id``) below its promise. That self-acceptance completes a quorum for a value the
 higher-ballot recoverer did not see: two values are chosen for one C-instance.
-"""
 
-import pytest
+Fixed: ``_recovery_propose`` gives way when its replica promised a higher ballot
+while the promises came in (the test fails with that check removed).
+"""
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
@@ -29,12 +30,6 @@ def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="review of ce71c3b: a command leader re-preparing its own instances accepts its phase-2 value "
-    "below a promise it gave meanwhile (_on_cprepare keeps an own recovery); two values chosen for one C-instance",
-)
 def test_own_re_prepare_accepts_below_its_promise():
     """N=5, geo (R0 CA sequencer, R1 OR = L, R2 OH, R3 IRE, R4 SEL = recoverer R).
 
