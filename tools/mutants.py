@@ -287,8 +287,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="restart-forgets-lease",
         file=SDP,
-        old="self.no_vote_until = cfg.lease_ticks  # a restart forgets promises: wait one lease",
-        new="self.no_vote_until = 0  # a restart forgets promises: wait one lease",
+        old="self.no_vote_until = cfg.lease_ticks + 2\n",
+        new="self.no_vote_until = 0\n",
         rule="§3.5 lease: a restarted replica waits one lease before voting (its promise was volatile)",
         description="a restarted replica votes at once, breaking a lease promise it no longer remembers",
     ),

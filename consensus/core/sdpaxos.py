@@ -259,7 +259,9 @@ class SDPaxosReplica(ReplicaBase):
         self.election_due = self._election_deadline()
         self.lease_until = 0  # my promise: no vote for another sequencer before this
         self.lease_to = -1  # ... the sequencer that promise is to (it may get my vote)
-        self.no_vote_until = cfg.lease_ticks  # a restart forgets promises: wait one lease
+        # A restart forgets promises: wait one promise's length (and the ticks that
+        # quantization may have cut from either end of it).
+        self.no_vote_until = cfg.lease_ticks + 2
         self.lease_acks = [-1] * n  # sequencer: ping tick each replica last answered
         self.lease_expiry = -1  # sequencer: lease valid while now < lease_expiry
         self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
@@ -1351,6 +1353,11 @@ class SDPaxosReplica(ReplicaBase):
         self._prevotes.add(src)
         if len(self._prevotes) >= self.quorum:
             self._prevote_view = -1
+            if self.now < self.no_vote_until or (self.now < self.lease_until and self.lease_to != self.id):
+                # We answered the sequencer's ping since the pre-vote began: our own
+                # vote is promised to it. Stand again once the promise is over.
+                self.election_due = max(self.election_due, self.lease_until)
+                return
             self._start_election()
 
     def _start_election(self) -> None:
@@ -1525,7 +1532,12 @@ class SDPaxosReplica(ReplicaBase):
             return
         self._heard_from_sequencer()
         if self.distrust_view != self.view:
-            self.lease_until = self.now + self.cfg.lease_ticks
+            # ``now`` counts whole ticks and part of this one has passed: one tick more
+            # makes the promise last at least lease_ticks full ticks after the ping
+            # arrived, which the sequencer's lease (lease_ticks * (1 - drift) of its
+            # own ticks from the send) never outlasts while the clocks' rates differ
+            # by at most ``drift``.
+            self.lease_until = self.now + self.cfg.lease_ticks + 1
             self.lease_to = src
             self.send(src, Pong(self.view, m.tick))
 

@@ -12,9 +12,12 @@ read with a value older than a write the new one acknowledged.
    ticks from the ping. With lease_ticks = 20 (the swarm's LAN timers: 100 ms / 5 ms)
    that is 19 vs 19: no clock skew at all is tolerated, yet ``search.SKEW_MAX`` allows
    2.4 % (with lease_ticks = 50 the bound is about 2.1 %).
-"""
 
-import pytest
+Fixed: (1) ``_on_prevote_reply`` re-checks the candidate's own promise before it
+stands; (2) a voter's promise is ``now + lease_ticks + 1`` (at least lease_ticks
+whole ticks after the ping arrived), and a restarted replica waits lease_ticks + 2.
+Each test fails with its fix removed.
+"""
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
@@ -58,12 +61,6 @@ def stale_read(sim, replies, S, t, overlap):
         raise RuleBroken(f"new sequencer served while the old one's lease held ({overlap}); S's lease read of k: {got}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="review of da08cd7: _on_prevote_reply starts the election without re-checking the candidate's "
-    "own lease promise, renewed by a ping answered after its pre-vote began",
-)
 def test_a_candidate_keeps_its_own_lease_promise():
     """N=3, LAN. S=R0 serves; C=R1; V=R2.
 
@@ -119,12 +116,6 @@ def tick_time_ms(sim, node, k):
     return (sim._tick_phase[node] + (k - 1) * sim._tick_us[node]) / 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="review of da08cd7: a voter's promise (now + lease_ticks) lasts lease_ticks - 1 ticks and a "
-    "fraction; with lease_ticks=20 and skew within search.SKEW_MAX it ends before the sequencer's lease",
-)
 def test_the_lease_margin_covers_tick_quantization_and_skew():
     """N=3, LAN, the swarm's LAN timers (tick 5 ms, lease = election = 100 ms, ping 20 ms),
     skew within SKEW_MAX: S=R0 +2.4 % (slow clock), V=R2 -2.4 % (fast clock).
