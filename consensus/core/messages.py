@@ -154,16 +154,20 @@ class CPromise(Message):
 # --- O-instances -----------------------------------------------------------------
 
 
-@_message(10, _INT, _INT, _LIST)
+@_message(10, _INT, _INT, _LIST, _BOOL)
 class OAccept(Message):
     """Phase 2a of O-slots ``start .. start+len(leaders)-1`` at ballot ``view``.
 
     ``leaders[k]`` is the command leader assigned to slot ``start+k`` (or NOCL).
+    ``serving``: the sequencer serves this view (a majority took its recovery
+    O-accepts); only then may a command leader named here commit on it alone (the
+    N = 5 fast path), since only then does every later majority know the view.
     """
 
     view: int
     start: int
     leaders: list
+    serving: bool
 
 
 @_message(11, _INT, _INT)

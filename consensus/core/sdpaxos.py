@@ -270,10 +270,11 @@ class SDPaxosReplica(ReplicaBase):
         # Pre-vote (Raft §9.6): the view we would stand for, and who would vote for it.
         self._prevote_view = -1
         self._prevotes: set[int] = set()
-        # The highest view whose sequencer's O-accepts we took (or, as sequencer, made).
-        # Durable ("O" and "AV" records). A view serves only once a majority took its
-        # O-accepts, so a majority of votes always shows the last view that served:
-        # Fig. 7 needs that view's sequencer to know whose slots may be unseen.
+        # The highest view whose sequencer's O-accepts we took or whose sequencer we
+        # acked at all (``_ack_o_view``), or that we made as sequencer. Durable ("O"
+        # and "AV" records). A view serves only on a majority of OAcks, so a majority
+        # of votes always shows the last view that served: Fig. 7 needs that view's
+        # sequencer to know whose slots may be unseen.
         self.o_view = self.view
         self._vote_tick = 0
         # Reads
@@ -627,6 +628,7 @@ class SDPaxosReplica(ReplicaBase):
             self._commit_oslots(m.slot)
             self._advance_o_prefix()
         if src == self.sequencer and m.view == self.view and self.id != self.sequencer:
+            self._ack_o_view()
             self.send(src, OAck(self.view, self.o_prefix))
 
     # --- proposing (command leader) ---------------------------------------------------
@@ -940,7 +942,7 @@ class SDPaxosReplica(ReplicaBase):
         self.persist(["O", self.view, start, leaders])
         self._advance_o_prefix()
         for lo in range(0, len(leaders), OSLOTS_PER_MSG_MAX):
-            msg = OAccept(self.view, start + lo, leaders[lo : lo + OSLOTS_PER_MSG_MAX])
+            msg = OAccept(self.view, start + lo, leaders[lo : lo + OSLOTS_PER_MSG_MAX], self.phase == "normal")
             for dst in range(self.n):
                 if dst != self.id:
                     self.send(dst, msg)
@@ -1007,8 +1009,11 @@ class SDPaxosReplica(ReplicaBase):
             slot = OSlot(leader, m.view)
             if leader == me:
                 self._window_served += 1
-                if self.n == 5:
-                    slot.fast = True  # Fig. 5 line 29: the CL commits on the O-accept
+                if self.n == 5 and m.serving:
+                    # Fig. 5 line 29: the CL commits on the O-accept. Not on a recovering
+                    # sequencer's: a view that never serves may be known to no voter of
+                    # the next view change, whose Fig. 7 would then miss this slot.
+                    slot.fast = True
             self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
@@ -1111,7 +1116,17 @@ class SDPaxosReplica(ReplicaBase):
         self._advance_o_prefix()
         self._commit_oslots(min(m.upto, m.start + len(m.leaders)) if m.leaders else m.upto)
         if self.o_prefix > before:
+            self._ack_o_view()
             self.send(src, OAck(self.view, self.o_prefix), lazy=True)
+
+    def _ack_o_view(self) -> None:
+        """Before any OAck in this view: ``o_view`` reaches the view, durably. A view
+        serves only on a majority of OAcks, so every later majority then holds a
+        voter whose ``o_view`` names it (``_fig7``), however the acks were earned
+        (taking its O-accepts, its commits, or a Compacted notice)."""
+        if self.o_view < self.view:
+            self.o_view = self.view
+            self.persist(["AV", self.view])
 
     def _recount_mine(self) -> None:
         """Recompute the counts derived from the O-log after values were replaced."""
@@ -1709,7 +1724,7 @@ class SDPaxosReplica(ReplicaBase):
                     noticed = True
                 else:
                     leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
-                    self.send(dst, OAccept(self.view, start, leaders))
+                    self.send(dst, OAccept(self.view, start, leaders, self.phase == "normal"))
                 self._oaccept_tick[dst] = now
             # The committed prefix, when it moved and as a heartbeat.
             upto = self.o_committed

@@ -12,7 +12,6 @@ reach only that command leader, no voter reports the view, so the next candidate
 ``max(o_view)`` names an older sequencer, which is a voter, and Fig. 7 is skipped.
 """
 
-import pytest
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
@@ -45,12 +44,6 @@ def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="review of 6c5fb5b: a recovering sequencer's Fig. 7 fill, seen only by R_m, is fast-executed "
-    "there; no voter reports its view, so the next Fig. 7 is skipped and the slot becomes no-cl",
-)
 def test_fig7_misses_a_view_that_never_served_but_made_r_m_execute():
     """N=5, LAN. R0 serves view 0. Never more than two replicas down or cut off.
 
@@ -128,13 +121,6 @@ def test_fig7_misses_a_view_that_never_served_but_made_r_m_execute():
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="review of 6c5fb5b: a new sequencer with a snapshot floor counts OAcks that peers send on its "
-    "Compacted notice (_on_compacted) without taking any of its O-accepts; it serves though only R_m "
-    "reports its view in o_view, and the next Fig. 7 is skipped",
-)
 def test_a_view_serves_only_once_a_majority_took_its_o_accepts():
     """N=5, LAN, snapshots every 5 slots. R0 serves view 0.
 
