@@ -306,6 +306,8 @@ class Node:
         self.transport = PeerTransport(cfg.cluster_id, cfg.node_id, cfg.peers, self._on_peer_frames,
                                        rng=random.Random(cfg.node_id * 7919 + time.time_ns()),
                                        queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000),
+                                       keepalive_s=cfg.heartbeat_ms / 1000,
+                                       dead_after_s=max(2 * cfg.election_ms, 4 * cfg.heartbeat_ms) / 1000,
                                        on_fatal=lambda e: self._fail(f"internal error handling peer messages: {_describe(e)}", e))
         host, port = cfg.peers[cfg.node_id]
         try:

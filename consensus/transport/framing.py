@@ -47,7 +47,7 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: OAccept.serving, keepalive frames
 MAX_FRAME_BYTES = 8 << 20
 FRAME_PREFIX_BYTES = 4
 _PREFIX = struct.Struct(">I")

@@ -60,10 +60,21 @@ authenticates:
   peer we never reached, whose process may have died and restarted meanwhile. The
   protocol has retransmitted whatever mattered by then.
 
+**Silent connections.** A TCP connection can die without either side hearing of it
+(a partition that drops packets, a peer frozen by SIGSTOP, a NAT forgetting it):
+writes still succeed into the kernel's buffer and, after the network heals, the
+kernel's retransmission backoff can keep it dead for seconds. With ``keepalive_s``
+set, the transport writes a tiny keepalive frame (msgpack nil, never delivered) on
+every authenticated connection that wrote nothing for ``keepalive_s``, and aborts a
+connection that received nothing for ``dead_after_s`` (``"heartbeat-timeout"``); the
+lower id then re-dials it with its usual backoff. Off by default; the node turns it
+on (heartbeat and twice the election timeout).
+
 **Stats** (``stats``, a ``Counter``): one key per refusal reason (above), plus
 ``dials``, ``dial_failures``, ``connections_established``, ``disconnects``,
 ``frames_sent``, ``messages_received``, ``write_pauses``, ``frames_dropped``,
-``bytes_dropped``, ``frames_discarded_restart``, ``frames_expired``, ``callback_errors``.
+``bytes_dropped``, ``frames_discarded_restart``, ``frames_expired``, ``callback_errors``,
+``keepalives_sent``, ``heartbeat-timeout``.
 
 Every wait is bounded (connect, handshake, close); every queue is bounded (send
 queue by bytes, pending connections by count). Works on the default loop or uvloop.
@@ -92,6 +103,8 @@ from consensus.transport.framing import (
 
 log = logging.getLogger(__name__)
 
+_KEEPALIVE = encode_frame(None)  # a frame whose message is nil: read, never delivered
+
 OnMessages = Callable[[int, list[Any]], None]
 
 
@@ -113,7 +126,8 @@ class _PeerConnection(asyncio.Protocol):
     """One TCP connection, either direction. All decisions go back to the owner."""
 
     __slots__ = ("owner", "stream", "transport", "peer_id", "paused", "lost", "failed",
-                 "eof_seen", "closing_locally", "counted_pending", "timer", "peername")
+                 "eof_seen", "closing_locally", "counted_pending", "timer", "peername",
+                 "last_rx", "last_tx")
 
     def __init__(self, owner: PeerTransport, expected_peer_id: int | None) -> None:
         self.owner = owner
@@ -129,6 +143,7 @@ class _PeerConnection(asyncio.Protocol):
         self.counted_pending = False
         self.timer: asyncio.TimerHandle | None = None
         self.peername: Any = None
+        self.last_rx = self.last_tx = time.monotonic()  # for keepalives (module docstring)
 
     # asyncio callbacks
 
@@ -141,6 +156,7 @@ class _PeerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.failed or self.closing_locally:
             return
+        self.last_rx = time.monotonic()
         try:
             msgs = self.stream.receive_data(data)
         except ProtocolError as e:
@@ -151,6 +167,10 @@ class _PeerConnection(asyncio.Protocol):
             self.owner._authenticated(self)
         if msgs:
             assert self.peer_id is not None
+            if None in msgs:  # keepalives
+                msgs = [m for m in msgs if m is not None]
+                if not msgs:
+                    return
             self.owner._deliver(self, self.peer_id, msgs)
 
     def eof_received(self) -> bool:
@@ -229,6 +249,8 @@ class PeerTransport:
         incarnation: int | None = None,
         queue_wait_max_s: float = 1.0,
         on_fatal: Callable[[BaseException], None] | None = None,
+        keepalive_s: float | None = None,
+        dead_after_s: float | None = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.node_id = node_id
@@ -249,6 +271,11 @@ class PeerTransport:
         self._close_timeout_s = close_timeout_s
         self.queue_wait_max_s = queue_wait_max_s
         self.on_fatal = on_fatal
+        if keepalive_s is not None and (keepalive_s <= 0 or dead_after_s is None or dead_after_s <= keepalive_s):
+            raise ValueError("keepalive_s needs dead_after_s > keepalive_s > 0")
+        self.keepalive_s = keepalive_s
+        self.dead_after_s = dead_after_s
+        self._keepalive_handle: asyncio.TimerHandle | None = None
         self.failed: BaseException | None = None  # what on_messages raised, if it did
         self._close_task: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
@@ -278,6 +305,8 @@ class PeerTransport:
         for peer_id in self._peers:
             if peer_id > self.node_id:
                 self._dialers.append(self._loop.create_task(self._dial_loop(peer_id), name=f"dial-{peer_id}"))
+        if self.keepalive_s is not None:
+            self._keepalive_handle = self._loop.call_later(self.keepalive_s / 2, self._keepalive)
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
@@ -287,6 +316,8 @@ class PeerTransport:
         if self._closing:
             return
         self._closing = True
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
         if self._server is not None:
             self._server.close()
         for task in self._dialers:
@@ -376,8 +407,31 @@ class PeerTransport:
             if conn.transport.is_closing():
                 continue
             conn.transport.write(b"".join(peer.queue))
+            conn.last_tx = time.monotonic()
             self.stats["frames_sent"] += len(peer.queue)
             self._clear_queue(peer)
+
+    def _keepalive(self) -> None:
+        """Every keepalive_s/2: keep idle connections talking, drop silent ones."""
+        self._keepalive_handle = None
+        if self._closing:
+            return
+        now = time.monotonic()
+        for peer in self._peers.values():
+            conn = peer.conn
+            if conn is None or conn.transport is None or conn.transport.is_closing():
+                continue
+            assert self.dead_after_s is not None and self.keepalive_s is not None
+            if now - conn.last_rx >= self.dead_after_s:
+                self.stats["heartbeat-timeout"] += 1
+                log.info("peer connection %s (node %d) closed: nothing received for %.2f s",
+                         conn.peername, peer.peer_id, now - conn.last_rx)
+                conn.close_locally()
+            elif now - conn.last_tx >= self.keepalive_s and not conn.paused:
+                conn.transport.write(_KEEPALIVE)
+                conn.last_tx = now
+                self.stats["keepalives_sent"] += 1
+        self._keepalive_handle = asyncio.get_running_loop().call_later(self.keepalive_s / 2, self._keepalive)
 
     # -- connection events (called by _PeerConnection) --
 

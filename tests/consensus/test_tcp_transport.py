@@ -448,3 +448,59 @@ async def test_a_raising_callback_without_on_fatal_closes_the_transport():
     finally:
         await t1.close()
         await t2.close()
+
+
+# --- silent connections --------------------------------------------------------------
+
+
+async def test_idle_connections_stay_up_on_keepalives():
+    """Nothing to send for several dead-after periods: keepalives keep the connection,
+    and they are never delivered as messages."""
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1 = make(1, socks, in1, keepalive_s=0.02, dead_after_s=0.1)
+    t2 = make(2, socks, in2, keepalive_s=0.02, dead_after_s=0.1)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, ["hello"])
+        await in2.wait_for(lambda m: len(m) >= 1)
+        await asyncio.sleep(0.5)  # the idle time under test: five dead-after periods
+        assert t1.stats["keepalives_sent"] > 0 and t2.stats["keepalives_sent"] > 0
+        assert "heartbeat-timeout" not in t1.stats and "heartbeat-timeout" not in t2.stats
+        assert t1.stats["connections_established"] == 1
+        t2.send(1, ["after idle"])
+        await in1.wait_for(lambda m: len(m) >= 1)
+        assert in1.msgs == [(2, ["after idle"])] and in2.msgs == [(1, ["hello"])]
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+async def test_a_silent_connection_is_dropped_and_redialled():
+    """The peer keeps the connection open but sends nothing (a half-dead connection):
+    the transport gives up on it after dead_after_s and the dialer connects again."""
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1 = make(1, socks, in1, keepalive_s=0.02, dead_after_s=0.1)
+    t2 = make(2, socks, in2)  # no keepalives: silent when idle
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, ["first"])
+        await in2.wait_for(lambda m: len(m) >= 1)
+        async with asyncio.timeout(WAIT_S):
+            while t1.stats["connections_established"] < 2:  # bounded by the timeout
+                await asyncio.sleep(0.01)
+        assert t1.stats["heartbeat-timeout"] >= 1 and t1.stats["dials"] >= 2
+        t1.send(2, ["second"])
+        await in2.wait_for(lambda m: len(m) >= 2)
+        assert [m for _, m in in2.msgs] == [["first"], ["second"]]
+    finally:
+        await t1.close()
+        await t2.close()
+
+
+def test_keepalive_needs_a_longer_dead_after():
+    with pytest.raises(ValueError, match="dead_after_s"):
+        make(1, {1: bound_socket(), 2: bound_socket()}, Inbox(), keepalive_s=0.1, dead_after_s=0.1)
