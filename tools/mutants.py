@@ -393,6 +393,14 @@ MUTANTS: list[Mutant] = [
         rule="liveness: a follower tells a leader that resends what it holds its prefix",
         description="a follower more than SLOTS_PER_MSG_MAX ahead of the new leader's acked never catches up",
     ),
+    Mutant(
+        name="fig7-keeps-surplus-rm-slot",
+        file=SDP,
+        old="                if below > needed and j not in chosen:\n",
+        new="                if False:\n",
+        rule="Fig. 7 with §3.4: after the fill, no R_m slot may stand for an instance past C[m] + 1",
+        description="a reported R_m slot after the filled holes is kept; R_m's next command takes it, before acknowledged ones",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -1448,7 +1448,7 @@ class SDPaxosReplica(ReplicaBase):
         log: dict[int, int] = {j: e[1] for j, e in best.items()}
         end = max(log) + 1 if log else base
         if self.n == 5:
-            self._fig7(base, log, voters)
+            self._fig7(base, log, voters, {j for j, e in best.items() if e[2]})
             end = max(log) + 1 if log else base
             if end == base:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
@@ -1488,7 +1488,7 @@ class SDPaxosReplica(ReplicaBase):
             self._start_serving()
         self._ping()
 
-    def _fig7(self, base: int, log: dict[int, int], voters: list[int]) -> None:
+    def _fig7(self, base: int, log: dict[int, int], voters: list[int], chosen: set[int] = frozenset()) -> None:
         """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
         replica R_m that neither voted nor was the last sequencer; give them to R_m
         until it owns as many slots as C-instances a voter accepted from it."""
@@ -1510,6 +1510,16 @@ class SDPaxosReplica(ReplicaBase):
         needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
         below = self.floor_inst[m] + sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
         fig7_fill(log, base, m, needed, below)
+        # Numbering is by position: a reported slot of R_m after the holes just filled
+        # now stands for a later C-instance, past C[m] + 1 (no voter saw it, so it is
+        # not ready and was executed nowhere). Left there, it would order a command
+        # R_m has not received yet before slots given to ready ones (linearizability,
+        # §3.4): no-cl it unless a voter reports it committed.
+        for j in sorted(log):
+            if log[j] == m:
+                below += 1
+                if below > needed and j not in chosen:
+                    log[j] = NOCL
 
     def _rebuild_sequencer_state(self, end: int) -> None:
         end = max(end, self.floor_slot)
