@@ -51,7 +51,8 @@ def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
     raises=RuleBroken,
     reason="o_view raised to a recovering view L on its O-commit alone; L's sequencer was R_m: Fig. 7 fills for u's sequencer",
 )
-def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer():
+@pytest.mark.parametrize("restart_r2", [False, True], ids=["live", "r2-restarted"])
+def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r2):
     """N=5, LAN. R0 serves view 0; R4 = R_m. Never more than two replicas down or cut off.
 
     1. R0's O-commits to R2 are lost, so R2's committed O-prefix lags (it accepted the
@@ -67,6 +68,11 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer():
        for (nothing: R0 proposed nothing). Nobody reports slot j.
 
     R4 executed X at j; the new view puts something else there (X acknowledged, lost).
+
+    ``r2-restarted``: R2 restarts before the last election. Its o_view then comes from
+    replaying the ``["O", L, ...]`` record ``_on_ocommit`` wrote for the slots it learned
+    (``_replay`` raises o_view on every "O" record), so a fix that only stops
+    ``_ack_o_view`` on a recovering view's O-commit still leaves this case broken.
     """
     sim, replies = quiet()
     phase = {"p": "warm"}
@@ -111,9 +117,17 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer():
     assert t is not None and r4.phase == "recovering", "R4 took office in view L and cannot serve"
     view_l = r4.view
     assert r4.oslots[j].leader == 4, "L's recovered log keeps j -> R4"
-    t = step_until(sim, lambda: sim.nodes[2].o_view == view_l, t, t + 1000)
-    assert t is not None, "R2 raised its o_view to L on L's O-commit alone"
+    t = step_until(sim, lambda: any(s.view == view_l for s in sim.nodes[2].oslots.values()), t, t + 1000)
+    assert t is not None, "R2 took L's O-commit of the committed prefix"
+    sim.run(until_ms=t + 50)
+    t += 50
     assert j not in sim.nodes[2].oslots, "R2 never learned slot j"
+    if not restart_r2:
+        assert sim.nodes[2].o_view == view_l, "R2 raised its o_view to L on L's O-commit alone"
+    else:
+        sim.crash(2)
+        sim.restart(2)
+        assert sim.nodes[2].o_view == view_l, "R2's o_view replayed from its records"
     sim.crash(4)
     for r in (1, 2, 3):
         sim.nodes[r].election_due = sim.nodes[r]._election_deadline()
