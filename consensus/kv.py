@@ -21,7 +21,10 @@ import msgpack
 
 
 class KVStateMachine:
+    """Implements ``consensus.core.statemachine.ReplicatedMachine``."""
+
     __slots__ = ("data",)
+    name = "kv"
 
     def __init__(self) -> None:
         self.data: dict[Any, Any] = {}
@@ -58,6 +61,13 @@ class KVStateMachine:
         if type(op) is list and len(op) == 2 and op[0] == "get" and type(op[1]) in (str, int, bytes):
             return self.data.get(op[1])
         return ["error", "only get can be served as a read"]
+
+    @staticmethod
+    def read_key(op: Any) -> Any | None:
+        """``get`` is the one read-only operation; it reads its key."""
+        if type(op) is list and len(op) == 2 and op[0] == "get" and type(op[1]) in (str, int, bytes):
+            return op[1]
+        return None
 
     @staticmethod
     def keys_of(op: Any) -> list:

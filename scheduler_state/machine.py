@@ -37,7 +37,16 @@ Mutating commands:
   moves backwards. Expiry releases (or cancels) every group whose lease ended.
 
 Read-only queries: ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
-``{"op": "group_status", "group"}``, ``{"op": "list_groups"}``.
+``{"op": "group_status", "group"}``, ``{"op": "list_groups"}`` and ``{"op": "inspect",
+"view", "name"?}`` (HiveD's web server shapes, ``inspect.py``). They go through
+``apply`` when they take the log path, or through ``query`` (which refuses anything
+else) when served by a lease or locally.
+
+As a ``consensus.core.statemachine.ReplicatedMachine``: every mutating command may
+write the single key ``SCHEDULER_KEY`` (``keys_of``; conservative: one allocation can
+preempt any group and moves the clock) and every read-only query reads it
+(``read_key``), so a lease read waits for the last *mutating* slot only, never for
+slots holding other reads or no-ops.
 
 Priorities and preemption (HiveD's): priority >= 0 is guaranteed and stays inside its
 VC's cells; -1 is opportunistic and may use any free healthy cell outside pinned cells.
@@ -51,6 +60,7 @@ waits for the victims' pods to be deleted; a replicated log has no such gap).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +76,7 @@ from scheduler_state.cells import (
     VScope,
     safety_shortfall,
 )
+from scheduler_state import inspect as hived_inspect
 from scheduler_state.config import Config, ConfigError, load_config
 from scheduler_state.placement import (
     MapPlan,
@@ -78,6 +89,8 @@ from scheduler_state.placement import (
 from scheduler_state.requests import Request, RequestError, parse_request, request_from_record
 
 SNAPSHOT_FORMAT = 1
+READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_groups", "inspect"})
+SCHEDULER_KEY = "scheduler"  # the one key of the lease-read history (module docstring)
 PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
 TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64
 
@@ -180,8 +193,16 @@ def _canonical(obj: Any) -> Any:
     return obj
 
 
+class NotFound(CommandError):
+    """The named group, VC or node does not exist (result carries ``not_found``)."""
+
+
 class SchedulerStateMachine:
-    """HiveD's cells, VCs and affinity groups behind a deterministic ``apply``."""
+    """HiveD's cells, VCs and affinity groups behind a deterministic ``apply``.
+
+    Implements ``consensus.core.statemachine.ReplicatedMachine``."""
+
+    name = "scheduler"
 
     def __init__(self, config: Config) -> None:
         self._reset(config)
@@ -211,12 +232,37 @@ class SchedulerStateMachine:
             return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
         try:
             return handler(self, command)
+        except NotFound as exc:
+            return {"ok": False, "error": str(exc), "not_found": True}
         except (CommandError, RequestError, ConfigError) as exc:
             return {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - the protocol forbids raising out of apply
             # Validation runs before any change, so this means a bug, not bad input; it is
             # deterministic (every replica answers alike) and says so plainly.
             return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+    def query(self, op: Any) -> dict[str, Any]:
+        """A read-only query (``READ_OPS``) on the local state; anything else is refused."""
+        if not isinstance(op, dict) or op.get("op") not in READ_OPS:
+            name = op.get("op") if isinstance(op, dict) else op
+            return {"ok": False, "error": f"{str(name)[:40]!r} is not a read-only query; "
+                                          f"read-only: {', '.join(sorted(READ_OPS))}"}
+        return self.apply(op)
+
+    @staticmethod
+    def read_key(op: Any) -> str | None:
+        if isinstance(op, dict) and op.get("op") in READ_OPS:
+            return SCHEDULER_KEY
+        return None
+
+    @staticmethod
+    def keys_of(command: Any) -> list:
+        if isinstance(command, dict) and command.get("op") in READ_OPS:
+            return []
+        return [SCHEDULER_KEY]  # malformed ones too: conservative
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.snapshot()).hexdigest()[:16]
 
     def snapshot(self) -> bytes:
         groups = []
@@ -928,13 +974,40 @@ class SchedulerStateMachine:
                 "opportunistic_leaf_cells": opp,
                 "groups": [g.name for g in sorted(self.vc_groups[vc].values(), key=lambda g: g.seq)]}
 
+    def _cmd_inspect(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """HiveD's inspect views (``inspect.py``); ``result`` is the web server's body."""
+        view = cmd.get("view")
+        if view not in hived_inspect.INSPECT_VIEWS:
+            raise CommandError(f"view must be one of {', '.join(hived_inspect.INSPECT_VIEWS)}")
+        if view == "affinitygroups":
+            return {"ok": True, "result": hived_inspect.affinity_groups(self)}
+        if view == "clusterstatus":
+            return {"ok": True, "result": hived_inspect.cluster_status(self)}
+        if view == "physicalcluster":
+            return {"ok": True, "result": hived_inspect.physical_cluster(self)}
+        if view == "virtualclusters":
+            return {"ok": True, "result": hived_inspect.virtual_clusters(self)}
+        name = _str(cmd, "name")
+        if view == "virtualcluster":
+            if name not in self.cluster.vc_scopes:
+                raise NotFound(f"VC {name} does not exist")
+            return {"ok": True, "result": hived_inspect.virtual_cluster(self, name)}
+        g = self.groups.get(name)
+        if g is not None:
+            return {"ok": True, "result": hived_inspect.affinity_group(g)}
+        e = self.pending_by_name.get(name)
+        if e is not None:
+            return {"ok": True, "result": hived_inspect.pending_group(e, self.pending.index(e))}
+        raise NotFound(f"affinity group {name} does not exist")
+
     # -- Python-side conveniences (tests, invariants, tools) ---------------------------------
 
     def group(self, name: str) -> Group | None:
         return self.groups.get(name)
 
-    def query(self, op: str, **fields: Any) -> dict[str, Any]:
-        return self.apply({"op": op, **fields})
+    def ask(self, op: str, **fields: Any) -> dict[str, Any]:
+        """``ask("vc_status", vc="vc1")``: a read-only query by keywords."""
+        return self.query({"op": op, **fields})
 
 
 def _chain_fits(chain: PChain, kmax: int, total: int) -> bool:
@@ -954,6 +1027,8 @@ _HANDLERS: dict[str, Callable[[SchedulerStateMachine, dict[str, Any]], dict[str,
     "vc_status": SchedulerStateMachine._cmd_vc_status,
     "group_status": SchedulerStateMachine._cmd_group_status,
     "list_groups": SchedulerStateMachine._cmd_list_groups,
+    "inspect": SchedulerStateMachine._cmd_inspect,
 }
 
-__all__ = ["SchedulerStateMachine", "CommandError", "Group", "Pod", "Pending"]
+__all__ = ["SchedulerStateMachine", "CommandError", "NotFound", "Group", "Pod", "Pending", "READ_OPS",
+           "SCHEDULER_KEY"]

@@ -65,7 +65,7 @@ from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from consensus.machines import machine_factory
 
 from .geo import peer_order, sites_for
 from .disk import SimDisk
@@ -137,6 +137,13 @@ class SimConfig:
     # False, keeps them (only the process died); disk_torn keeps a random prefix of them.
     lose_unsynced_on_crash: bool = True
     disk_torn: bool = False
+    # The replicated machine (consensus.machines): "kv" (the workload above) or
+    # "scheduler" with machine_config a HiveD config (YAML text, mapping or path).
+    # The scheduler workload: each client allocates a one-pod group (1-2 leaf cells,
+    # priority -1..1, a VC drawn from the config, wait false), releases it, and
+    # allocates again; read_fraction of its commands are read-only queries.
+    machine: str = "kv"
+    machine_config: Any = None
 
 
 @dataclass
@@ -194,6 +201,11 @@ class Simulation:
             peer_order=peer_order(self.rtt_ms),
         )
         self.cls = PROTOCOLS[cfg.protocol]
+        self.new_machine = machine_factory(cfg.machine, cfg.machine_config)  # draws nothing
+        self._probe = self.new_machine()  # read_key / keys_of only (both pure)
+        self._vcs: list[str] = []
+        if cfg.machine == "scheduler":
+            self._vcs = sorted(self._probe.inner.config.virtual_clusters)
         self.disks: list[list] = [[] for _ in range(n)]
         self.snaps: list[tuple | None] = [None] * n  # each node's latest stored snapshot
         self._snap_slot = [0] * n
@@ -266,7 +278,7 @@ class Simulation:
         self.incarnation[node] += 1
         rng = random.Random(self._node_seeds[node] + self.incarnation[node])
         snap = self.snaps[node]
-        self.nodes[node] = self.cls(node, self.pcfg, KVStateMachine(), records=list(self.disks[node]), rng=rng, snapshot=snap)
+        self.nodes[node] = self.cls(node, self.pcfg, self.new_machine(), records=list(self.disks[node]), rng=rng, snapshot=snap)
         self.all_replicas.append(self.nodes[node])
         self._elections_seen[node] = 0
         self._new_segment(node, snap[0]["slot"] if snap is not None else 0)
@@ -543,6 +555,32 @@ class Simulation:
             return
         rng = self._work_rng
         client.seq += 1
+        if self._vcs:
+            self._scheduler_op(client, rng)
+        else:
+            self._kv_op(client, rng)
+        client.t_send = self.now
+        client.attempt = 0
+        self.sent_ops[(client.cid, client.seq)] = client.op
+        client.target = client.site
+        self._client_send(client)
+
+    def _scheduler_op(self, client: Client, rng: random.Random) -> None:
+        held = client.seen.get("group")
+        if self.cfg.read_fraction and rng.random() < self.cfg.read_fraction:
+            if held is not None:
+                client.op = {"op": "inspect", "view": "affinitygroup", "name": held}
+            else:
+                client.op = {"op": "list_groups"}
+        elif held is not None:
+            client.op = {"op": "release", "group": held}
+        else:
+            spec = {"name": f"c{client.cid}-{client.seq}", "virtualCluster": self._vcs[rng.randrange(len(self._vcs))],
+                    "priority": rng.randrange(-1, 2), "leafCellNumber": 1 + rng.randrange(2)}
+            client.op = {"op": "allocate", "group": spec, "wait": False}
+        client.needs_result = True
+
+    def _kv_op(self, client: Client, rng: random.Random) -> None:
         key = f"k{rng.randrange(self.cfg.keys)}"
         if self.cfg.cas_fraction:
             r = rng.random()
@@ -557,11 +595,6 @@ class Simulation:
             client.op, client.needs_result = ["get", key], True
         else:
             client.op, client.needs_result = ["put", key, f"{client.cid}:{client.seq}"], False
-        client.t_send = self.now
-        client.attempt = 0
-        self.sent_ops[(client.cid, client.seq)] = client.op
-        client.target = client.site
-        self._client_send(client)
 
     def _client_send(self, client: Client) -> None:
         node = client.target
@@ -580,7 +613,13 @@ class Simulation:
         self.acked.add(key)
         self.client_results[key] = result
         client.history.append((client.t_send, self.now, client.op, result, True))
-        if self.cfg.cas_fraction:
+        if self._vcs:
+            op = client.op
+            if op["op"] == "allocate" and result.get("ok"):
+                client.seen["group"] = op["group"]["name"]
+            elif op["op"] == "release":  # done, or gone already (a retried release)
+                client.seen.pop("group", None)
+        elif self.cfg.cas_fraction:
             op = client.op
             if op[0] == "get":
                 client.seen[op[1]] = result
@@ -656,8 +695,9 @@ class Simulation:
                 if replica is None:
                     continue
                 seq, op, needs = c
-                if op[0] == "get" and hasattr(replica, "read"):
-                    replica.read(b, seq, op, op[1])
+                key = self._probe.read_key(op)
+                if key is not None and hasattr(replica, "read"):
+                    replica.read(b, seq, op, key)
                 else:
                     replica.propose(b, seq, op, needs)
                 self._drain(a)
@@ -743,6 +783,8 @@ class Simulation:
         """The client history as jepsen_like ops (KV model: value is ``(key, v)``)."""
         from jepsen_like.history import Op
 
+        if self._vcs:
+            raise ValueError("history_ops and linearizable model the kv machine only")
         ops = []
         index = 0
 
@@ -855,7 +897,7 @@ class Simulation:
             for k, log in enumerate(self.exec_logs)
         )
         # Sequential replay of the executed order.
-        replay = Executor(KVStateMachine())
+        replay = Executor(self.new_machine())
         applied: dict[tuple, Any] = {}
         applied_twice = 0
         out: list = []
@@ -872,13 +914,13 @@ class Simulation:
                     applied[(cid, seq)] = result
             out.clear()
         # Lease reads never enter the log; the linearizability check covers them.
-        lost = [key for key in self.acked if key not in applied and ops.get(key, [""])[0] != "get"]
+        lost = [key for key in self.acked if key not in applied and not self._is_read(ops.get(key))]
         # Reads are judged by the linearizability check: a read answered through the
         # lease and retried through the log has two legitimate answers.
         wrong = [
             key
             for key, result in self.client_results.items()
-            if key in applied and applied[key] != result and ops.get(key, [""])[0] != "get"
+            if key in applied and applied[key] != result and not self._is_read(ops.get(key))
         ]
         # Agreement per slot: every incarnation that executed slot s executed the same
         # batch there; replicas at the same execution point hold the same state.
@@ -904,6 +946,9 @@ class Simulation:
             "wrong_results": len(wrong),
             "executed_slots": len(canonical),
         }
+
+    def _is_read(self, op: Any) -> bool:
+        return op is not None and self._probe.read_key(op) is not None
 
     def summary(self) -> dict:
         def pct(values: list[int], q: float) -> float:

@@ -9,8 +9,9 @@ import pathlib
 import scheduler_state
 
 PACKAGE = pathlib.Path(scheduler_state.__file__).parent
-CORE = ["cells.py", "config.py", "invariants.py", "machine.py", "placement.py", "requests.py", "__init__.py"]
-ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "pathlib", "typing", "msgpack", "yaml",
+CORE = ["cells.py", "config.py", "invariants.py", "machine.py", "placement.py", "requests.py", "inspect.py",
+        "replicated.py", "__init__.py"]
+ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "hashlib", "pathlib", "typing", "msgpack", "yaml",
            "scheduler_state"}
 
 

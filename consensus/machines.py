@@ -1,0 +1,61 @@
+"""Replicated machines by name: what ``cellar serve --machine`` and ``SimConfig.machine`` pick.
+
+Every entry builds a ``consensus.core.statemachine.ReplicatedMachine``; the drivers use
+nothing else of it. ``config`` is the machine's own start configuration:
+
+- ``kv``: none (``consensus.kv.KVStateMachine``).
+- ``scheduler``: an optional HiveD ``scheduler_state.Config``. With none (the runtime)
+  the machine starts empty and its config arrives as the first ``init`` command in the
+  log (``scheduler_state.replicated``); with one (tests, the simulator) it starts
+  initialized, as if that command had been applied first.
+
+``scheduler_state`` is imported only when asked for, so the key-value path never
+loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from consensus.core.statemachine import ReplicatedMachine
+from consensus.kv import KVStateMachine
+
+MACHINES = ("kv", "scheduler")
+
+
+def _kv(config: Any) -> ReplicatedMachine:
+    if config is not None:
+        raise ValueError("the kv machine takes no config")
+    return KVStateMachine()
+
+
+def _scheduler(config: Any) -> ReplicatedMachine:
+    from scheduler_state.config import Config, load_config
+    from scheduler_state.replicated import ReplicatedScheduler
+
+    if config is not None and not isinstance(config, Config):
+        config = load_config(config)  # YAML text, a mapping or a path
+    return ReplicatedScheduler(config)
+
+
+_FACTORIES: dict[str, Callable[[Any], ReplicatedMachine]] = {"kv": _kv, "scheduler": _scheduler}
+
+
+def make_machine(name: str, config: Any = None) -> ReplicatedMachine:
+    """A fresh machine ``name`` (one of ``MACHINES``) built from ``config``."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown machine {name!r} ({', '.join(MACHINES)})")
+    return factory(config)
+
+
+def machine_factory(name: str, config: Any = None) -> Callable[[], ReplicatedMachine]:
+    """A zero-argument factory (one fresh machine per replica incarnation); checks
+    ``name`` and ``config`` now, parsing the config once."""
+    if name == "scheduler" and config is not None:
+        from scheduler_state.config import Config, load_config
+
+        if not isinstance(config, Config):
+            config = load_config(config)
+    make_machine(name, config)  # fail early on a bad name or config
+    return lambda: make_machine(name, config)

@@ -1,0 +1,108 @@
+"""The scheduler as Cellar replicates it: empty until an ``init`` command commits its config.
+
+``cellar serve --machine scheduler --hived-config FILE`` builds a ``ReplicatedScheduler``
+with no config. The config enters the replicated state through the log, like every
+other change: at start each replica proposes ``{"op": "init", "config": MAPPING}``
+(its file, parsed) and waits for the result. The **first** ``init`` committed builds
+the scheduler; every later one changes nothing and answers with the hash of the
+config the cluster holds. A replica whose own hash differs refuses to serve: it
+prints one line and exits (``store.scheduler_service``). Because the state comes
+from the log, never from the local file, a replica started with the wrong file never
+applies a single command differently from the others; it only learns that it must
+not serve. Later config changes go through ``reconfigure`` (in the log); ``init`` is
+only the genesis.
+
+The hash (``config_hash``) is the SHA-256 of the canonical msgpack of the parsed
+config, so comments and formatting do not matter, content does.
+
+Before ``init`` commits, every other command answers ``{"ok": False, "uninitialized":
+True, "error": ...}`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgpack
+
+from scheduler_state.config import Config, ConfigError, load_config
+from scheduler_state.machine import READ_OPS, SCHEDULER_KEY, SchedulerStateMachine, _canonical
+
+FORMAT = 1
+NOT_INITIALIZED = "scheduler not initialized: no config committed yet (the first init in the log sets it)"
+
+
+def config_hash(config: Config) -> str:
+    """SHA-256 (hex) of the canonical msgpack of the parsed config."""
+    return hashlib.sha256(msgpack.packb(_canonical(config.to_dict()), use_bin_type=True)).hexdigest()
+
+
+def init_command(config: Config) -> dict[str, Any]:
+    return {"op": "init", "config": config.to_dict()}
+
+
+class ReplicatedScheduler:
+    """A ``ReplicatedMachine`` holding a ``SchedulerStateMachine`` once initialized."""
+
+    name = "scheduler"
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.inner: SchedulerStateMachine | None = None
+        self.config_hash: str | None = None
+        if config is not None:  # tests and the simulator: as if init were the first command
+            self._init(config)
+
+    def _init(self, config: Config) -> None:
+        self.inner = SchedulerStateMachine(config)
+        self.config_hash = config_hash(config)
+
+    def apply(self, command: Any) -> Any:
+        if isinstance(command, dict) and command.get("op") == "init":
+            if self.inner is not None:
+                return {"ok": True, "initialized": False, "config_hash": self.config_hash}
+            raw = command.get("config")
+            if not isinstance(raw, dict):
+                return {"ok": False, "error": "config must be a mapping (a parsed HiveD config)"}
+            try:
+                config = load_config(raw)
+            except ConfigError as exc:
+                return {"ok": False, "error": f"config: {exc}"}
+            self._init(config)
+            return {"ok": True, "initialized": True, "config_hash": self.config_hash}
+        if self.inner is None:
+            return {"ok": False, "uninitialized": True, "error": NOT_INITIALIZED}
+        return self.inner.apply(command)
+
+    def query(self, op: Any) -> Any:
+        if self.inner is None:
+            return {"ok": False, "uninitialized": True, "error": NOT_INITIALIZED}
+        return self.inner.query(op)
+
+    @staticmethod
+    def read_key(op: Any) -> str | None:
+        if isinstance(op, dict) and op.get("op") in READ_OPS:
+            return SCHEDULER_KEY
+        return None
+
+    @staticmethod
+    def keys_of(command: Any) -> list:
+        return SchedulerStateMachine.keys_of(command)
+
+    def snapshot(self) -> bytes:
+        inner = self.inner.snapshot() if self.inner is not None else None
+        return msgpack.packb([FORMAT, self.config_hash, inner], use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        fmt, chash, inner = msgpack.unpackb(data, raw=False)
+        if fmt != FORMAT:
+            raise ValueError(f"not a replicated scheduler snapshot (format {fmt!r})")
+        if inner is None:
+            self.inner, self.config_hash = None, None
+            return
+        m = SchedulerStateMachine.__new__(SchedulerStateMachine)
+        m.restore(inner)
+        self.inner, self.config_hash = m, chash
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.snapshot()).hexdigest()[:16]
