@@ -12,13 +12,18 @@
     client = "127.0.0.1:7100"
     protocol = "sdpaxos"      # or "multipaxos"
     fsync = "batch"           # always | batch | never
+    machine = "scheduler"     # or "kv" (the default)
+    hived_config = "examples/hived-small.yaml"   # the scheduler's HiveD config
+    http = "127.0.0.1:7200"   # the scheduler's HTTP API (store/http_api.py)
     [peers]
     0 = "127.0.0.1:7000"
     1 = "127.0.0.1:7001"
     2 = "127.0.0.1:7002"
 
 Flags override the file. Every configuration error is one line on stderr and exit
-status 2. SIGTERM and SIGINT stop the node cleanly (the WAL is synced and closed).
+status 2. So is a scheduler replica whose HiveD config differs from the one the
+cluster was initialized with (``store.scheduler_service``: the config enters the log
+as the first ``init`` command; each replica compares its file's hash with it). SIGTERM and SIGINT stop the node cleanly (the WAL is synced and closed).
 A replica that stops on its own (crash-only, ``consensus.runtime.node``: the core
 raised, a WAL write or fsync failed) prints one line and exits with status 1::
 
@@ -109,7 +114,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
             raise NodeError(f"config {config_file} is not valid TOML: {e}") from None
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
-             "sequencer"}
+             "sequencer", "machine", "hived_config", "http"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -133,14 +138,47 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
                            ("tick_ms", "tick_ms", float), ("heartbeat_ms", "heartbeat_ms", float),
                            ("election_ms", "election_ms", float), ("lease_ms", "lease_ms", float),
                            ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
-                           ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int)):
+                           ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
+                           ("machine", "machine", str)):
         if key in raw:
             try:
                 setattr(cfg, attr, typ(raw[key]))
             except (TypeError, ValueError):
                 raise NodeError(f"setting {key} = {raw[key]!r} is not a valid {typ.__name__}") from None
+    if raw.get("hived_config") is not None:
+        if cfg.machine != "scheduler":
+            raise NodeError("hived_config is a setting of the scheduler machine (add --machine scheduler)")
+        path = str(raw["hived_config"])
+        if config_file and not os.path.isabs(path) and "hived_config" not in overrides_given(overrides):
+            path = os.path.join(os.path.dirname(os.path.abspath(config_file)), path)
+        cfg.extra["hived_config"] = path
+    elif cfg.machine == "scheduler":
+        raise NodeError("the scheduler machine needs --hived-config FILE (or hived_config in the config file)")
+    if raw.get("http") is not None:
+        if cfg.machine != "scheduler":
+            raise NodeError("--http serves the scheduler's API (add --machine scheduler)")
+        cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
     cfg.validate()
     return cfg
+
+
+def overrides_given(overrides: dict[str, Any]) -> set[str]:
+    return {k for k, v in overrides.items() if v is not None}
+
+
+def load_hived_config(path: str) -> Any:
+    """The scheduler's config, parsed and validated (one-line NodeError otherwise)."""
+    from scheduler_state.config import ConfigError, load_config
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise NodeError(f"cannot read --hived-config {path}: {e.strerror or e}") from None
+    try:
+        return load_config(text)
+    except ConfigError as e:
+        raise NodeError(f"--hived-config {path}: {e}") from None
 
 
 def tune_gc() -> None:
@@ -187,12 +225,30 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     fault = os.environ.get(TEST_CORE_FAULT_ENV)
     if fault:
         parse_test_core_fault(fault)  # a typo is a configuration error, before anything opens
-    node = Node(cfg)
+    hived = load_hived_config(cfg.extra["hived_config"]) if cfg.machine == "scheduler" else None
+    node = Node(cfg)  # a scheduler starts empty: its config arrives through the log
     node.open()
     if fault:
         install_test_core_fault(node.replica, fault)
     tune_gc()
     await node.start()
+    service = api = None
+    if hived is not None:
+        from store.scheduler_service import SchedulerService
+
+        service = SchedulerService(node, hived, f"--hived-config {cfg.extra['hived_config']}")
+        service.start()
+        if cfg.extra.get("http"):
+            from store.http_api import SchedulerAPI
+
+            api = SchedulerAPI(service)
+            host, port = cfg.extra["http"]
+            try:
+                await api.start(host, port)
+            except OSError as e:
+                await service.stop()
+                await node.stop()
+                raise NodeError(f"cannot serve HTTP on {host}:{port}: {e.strerror or e}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
@@ -202,6 +258,12 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
         os.replace(tmp, ready_file)
     await node.stopped.wait()
+    if api is not None:
+        await api.stop()
+    if service is not None:
+        await service.stop()
+        if service.mismatch is not None:
+            raise NodeError(service.mismatch)
     if node._failed is not None:
         return node.failure or repr(node._failed)
     return 0
@@ -227,10 +289,13 @@ def install_loop() -> None:
 @click.option("--cluster-id", help="Refuse peers and data dirs of another cluster.")
 @click.option("--sequencer", type=int, help="Initial sequencer (leader) id.")
 @click.option("--snapshot-every", type=int, help="Executed slots between snapshots (0: never).")
+@click.option("--machine", type=click.Choice(["kv", "scheduler"]), help="The replicated machine (default kv).")
+@click.option("--hived-config", type=click.Path(dir_okay=False), help="The scheduler's HiveD config file.")
+@click.option("--http", "http", help="Serve the scheduler's HTTP API on HOST:PORT.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, ready_file, log_level) -> None:
+          snapshot_every, machine, hived_config, http, ready_file, log_level) -> None:
     """Run one replica."""
     logging.basicConfig(level=getattr(logging, str(log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -238,7 +303,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
         cfg = build_config(config_file, {
             "id": node_id, "listen": listen, "client": client, "peers": peers, "data_dir": data_dir,
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
-            "snapshot_every": snapshot_every,
+            "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
         })
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))
@@ -259,7 +324,7 @@ class LocalCluster:
 
     def __init__(self, root: str, replicas: int = 3, *, base_port: int | None = None, protocol: str = "sdpaxos",
                  fsync: str = "batch", cluster_id: str = "local", extra_args: list[str] | None = None,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", http: bool = False) -> None:
         self.root = root
         self.n = replicas
         self.protocol = protocol
@@ -267,10 +332,12 @@ class LocalCluster:
         self.cluster_id = cluster_id
         self.extra_args = extra_args or []
         self.log_level = log_level
-        ports = free_ports(2 * replicas) if base_port is None else [base_port + i for i in range(replicas)] + [
-            base_port + 100 + i for i in range(replicas)]
+        ports = free_ports(3 * replicas) if base_port is None else [base_port + i for i in range(replicas)] + [
+            base_port + 100 + i for i in range(replicas)] + [base_port + 200 + i for i in range(replicas)]
         self.peer_ports = ports[:replicas]
-        self.client_ports = ports[replicas:]
+        self.client_ports = ports[replicas:2 * replicas]
+        # --http HOST:PORT per node (the scheduler's API) when asked for
+        self.http_ports = ports[2 * replicas:] if http else []
         self.procs: dict[int, subprocess.Popen] = {}
 
     @property
@@ -288,7 +355,8 @@ class LocalCluster:
         return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec,
                 "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
                 "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
-                "--ready-file", self._ready_file(i), "--log-level", self.log_level, *self.extra_args]
+                "--ready-file", self._ready_file(i), "--log-level", self.log_level, *self.extra_args,
+                *(["--http", f"127.0.0.1:{self.http_ports[i]}"] if self.http_ports else [])]
 
     def _ready_file(self, i: int) -> str:
         return os.path.join(self.root, f"node{i}.ready")

@@ -50,7 +50,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from consensus.machines import MACHINES, machine_factory
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -104,6 +104,9 @@ class NodeConfig:
     snapshot_every: int = 5000  # executed slots between snapshots (0: never)
     initial_sequencer: int = 0
     segment_bytes_max: int = 16 << 20
+    # The replicated machine by name (consensus.machines) and its start config.
+    machine: str = "kv"
+    machine_config: Any = None
     extra: dict = field(default_factory=dict)
 
     def protocol_config(self) -> ProtocolConfig:
@@ -135,6 +138,8 @@ class NodeConfig:
             raise NodeError(f"unknown fsync mode {self.fsync!r} (always, batch or never)")
         if not 0 <= self.initial_sequencer < n:
             raise NodeError(f"initial sequencer {self.initial_sequencer} is not a replica")
+        if self.machine not in MACHINES:
+            raise NodeError(f"unknown machine {self.machine!r} ({', '.join(MACHINES)})")
 
 
 class _ClientConn(asyncio.Protocol):
@@ -185,15 +190,52 @@ class _ClientConn(asyncio.Protocol):
             self.transport.abort()
 
 
+class _LocalConn:
+    """An in-process caller's "connection" (``Node.submit``): replies resolve futures.
+
+    Goes through exactly the path of a TCP client's requests, so an in-process
+    answer obeys the same rules (released only after the records it depends on are
+    durable)."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.futures: dict[tuple, asyncio.Future] = {}
+
+    def reply(self, item: list) -> None:
+        fut = self.futures.pop((item[0], item[1]), None)
+        if fut is not None and not fut.done():
+            fut.set_result((item[2], item[3]))
+
+    def flush(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        err = ConnectionError("the node stopped")
+        for fut in self.futures.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.futures.clear()
+
+
 class Node:
     """A replica process's runtime. ``open()`` (sync, may raise NodeError), then
-    ``await start()``, later ``await stop()``."""
+    ``await start()``, later ``await stop()``.
 
-    def __init__(self, cfg: NodeConfig, sm_factory=KVStateMachine) -> None:
+    The machine it replicates is ``cfg.machine`` built from ``cfg.machine_config``
+    (``consensus.machines``), or whatever ``sm_factory`` builds (tests)."""
+
+    def __init__(self, cfg: NodeConfig, sm_factory=None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.pcfg = cfg.protocol_config()
+        if sm_factory is None:
+            try:
+                sm_factory = machine_factory(cfg.machine, cfg.machine_config)
+            except ValueError as e:  # e.g. scheduler_state.ConfigError
+                raise NodeError(f"machine {cfg.machine}: {e}") from None
         self.sm_factory = sm_factory
+        self._local = _LocalConn()
         self.stats: dict[str, int] = {
             "client_bad_frames": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
             "snapshots_installed": 0, "snapshots_served": 0, "refused_busy": 0,
@@ -275,12 +317,16 @@ class Node:
         cfg = self.cfg
         path = os.path.join(cfg.data_dir, IDENTITY_FILE)
         mine = {"cluster_id": cfg.cluster_id, "node_id": cfg.node_id, "replicas": len(cfg.peers), "protocol": cfg.protocol}
+        if cfg.machine != "kv":  # absent means kv: data dirs made before machines existed
+            mine["machine"] = cfg.machine
         if os.path.exists(path):
             try:
                 with open(path) as f:
                     theirs = json.load(f)
             except (OSError, ValueError) as e:
                 raise NodeError(f"{path} is unreadable: {e}") from None
+            mine.setdefault("machine", "kv")
+            theirs.setdefault("machine", "kv")
             for key, value in mine.items():
                 if theirs.get(key) != value:
                     raise NodeError(
@@ -340,6 +386,7 @@ class Node:
                 self._client_server.close()
             for conn in list(self._clients):
                 conn.abort()
+            self._local.abort()
             if self.transport is not None:
                 try:
                     await self.transport.close()
@@ -485,11 +532,15 @@ class Node:
                 self.stats["refused_busy"] += 1
                 conn.reply([client, seq, clientwire.ERROR, "busy: retry later"])
                 continue
-            self._waiters[(client, seq)] = conn
             is_read = kind == clientwire.READ and hasattr(replica, "read")
+            if is_read:
+                key = self._read_key(op)
+                if key is None:
+                    conn.reply([client, seq, clientwire.ERROR, "not a read-only operation: send it as a call"])
+                    continue
+            self._waiters[(client, seq)] = conn
             try:
                 if is_read:
-                    key = op[1] if type(op) is list and len(op) >= 2 else None
                     replica.read(client, seq, op, key)
                 else:
                     replica.propose(client, seq, op, needs_result=kind != clientwire.WRITE)
@@ -499,6 +550,53 @@ class Node:
         self._kick()
         if self._dirty_clients:  # status and refusals; answers to commands wait in the outbox
             self._flush_clients()
+
+    def _read_key(self, op: Any) -> Any:
+        """The machine's read key for ``op`` (None: not read-only). A machine without
+        ``read_key`` (a test's): the old rule, the op's second element."""
+        read_key = getattr(self.replica.executor.sm, "read_key", None)
+        if read_key is not None:
+            return read_key(op)
+        return op[1] if type(op) is list and len(op) >= 2 else None
+
+    # --- in-process callers (the HTTP API, embedding) ----------------------------------
+
+    def submit(self, kind: int, client: Any, seq: int, op: Any) -> asyncio.Future:
+        """One request as if it came from a client connection; the future gets
+        ``(status, result)`` (``clientwire.OK`` / ``ERROR``) once the node answers,
+        or ConnectionError if it stops first. ``client`` must send one command at a
+        time with increasing ``seq`` (the executor's sessions drop anything older)."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._down:
+            fut.set_exception(ConnectionError("the node is stopped"))
+            return fut
+        self._local.futures[(client, seq)] = fut
+        self._on_client_frame(self._local, [[kind, client, seq, op]])  # type: ignore[arg-type]
+        return fut
+
+    def forget(self, client: Any, seq: int) -> None:
+        """The in-process caller gave up on ``(client, seq)`` (a timeout)."""
+        self._local.futures.pop((client, seq), None)
+        if self._waiters.get((client, seq)) is self._local:
+            del self._waiters[(client, seq)]
+
+    def local_query(self, op: Any) -> Any:
+        """A serializable read: ``query`` on this replica's state, no log, no lease."""
+        return self.replica.executor.sm.query(op)
+
+    @property
+    def machine(self) -> Any:
+        return self.replica.executor.sm
+
+    def peers_reachable(self) -> int:
+        """Replicas this one is connected to, itself included."""
+        if self.transport is None:
+            return 1
+        return 1 + sum(1 for p in self.cfg.peers if p != self.cfg.node_id and self.transport.is_connected(p))
+
+    @property
+    def quorum(self) -> int:
+        return self.pcfg.quorum
 
     # --- effects ----------------------------------------------------------------------
 

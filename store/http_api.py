@@ -1,0 +1,276 @@
+"""The scheduler's HTTP API (aiohttp), served by every replica: JSON in, JSON out.
+
+HiveD's inspect paths and response shapes (``scheduler_state.inspect``)::
+
+    GET /v1/inspect/affinitygroups/                      AffinityGroupList
+    GET /v1/inspect/affinitygroups/{name}                AffinityGroup
+    GET /v1/inspect/clusterstatus                        ClusterStatus
+    GET /v1/inspect/clusterstatus/physicalcluster        PhysicalClusterStatus
+    GET /v1/inspect/clusterstatus/virtualclusters/       {vc: VirtualClusterStatus}
+    GET /v1/inspect/clusterstatus/virtualclusters/{vc}   VirtualClusterStatus
+
+Reads are linearizable (the sequencer's lease, else the log); add
+``?consistency=serializable`` for this replica's local state (no log, possibly stale).
+
+Cellar's own::
+
+    POST   /v1/groups               allocate: body = HiveD's pod scheduling spec, or
+                                    {"group": SPEC, "ttl_ms"?, "wait"?, "suggestedNodes"?}
+                                    201 placed, 202 queued (waiting), 409 not placeable
+                                    now with "wait": false, or the name is taken
+    DELETE /v1/groups/{name}        release (or cancel a pending group); 404 unknown
+    PUT    /v1/nodes/{name}/health  {"healthy": bool}; 404 unknown node
+    GET    /healthz                 200 while the process serves
+    GET    /readyz                  200 once the config check passed and a majority is
+                                    reachable, else 503
+
+Errors are HiveD's ``WebServerError`` shape plus the field at fault:
+``{"code": 400, "message": "...", "field": "group.virtualCluster"}``. Bad input
+(malformed JSON, an oversized body, a spec that does not parse, an unknown VC, leaf
+cell type, pinned cell or node) is refused before anything is proposed: nothing enters
+the log. A replica that cannot answer (no majority reachable, config check pending, a
+call timing out) answers 503 with ``Retry-After`` and ``definite``: ``false`` only when
+a write may still take effect. Writes are answered only once applied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from store.scheduler_service import SchedulerService, Unavailable
+
+BODY_BYTES_MAX = 1 << 20
+RETRY_AFTER_S = 1
+_SPEC_FIELDS = ("virtualCluster", "priority", "pinnedCellId", "leafCellType", "leafCellNumber", "affinityGroup",
+                "suggestedNodes", "lazyPreemptionEnable", "gangReleaseEnable", "ignoreK8sSuggestedNodes", "name")
+
+
+class HTTPError(Exception):
+    def __init__(self, code: int, message: str, field: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.body: dict[str, Any] = {"code": code, "message": message}
+        if field is not None:
+            self.body["field"] = field
+        self.body.update(extra)
+
+
+def _json(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body, separators=(",", ":")), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def _spec_field(message: str) -> str:
+    """The spec field a ``RequestError`` message starts with (``group`` if none)."""
+    head = message.split(" ", 1)[0]
+    for f in _SPEC_FIELDS:
+        if head == f or head.startswith(f + ".") or head.startswith(f + "["):
+            return f"group.{head}"
+    return "group"
+
+
+class SchedulerAPI:
+    def __init__(self, service: SchedulerService, body_bytes_max: int = BODY_BYTES_MAX) -> None:
+        self.service = service
+        self.body_bytes_max = body_bytes_max
+        self.app = web.Application(middlewares=[self._errors], client_max_size=body_bytes_max)
+        r = self.app.router
+        r.add_get("/v1/inspect/affinitygroups/", self.affinity_groups)
+        r.add_get("/v1/inspect/affinitygroups/{name}", self.affinity_group)
+        r.add_get("/v1/inspect/clusterstatus", self.cluster_status)
+        r.add_get("/v1/inspect/clusterstatus/physicalcluster", self.physical_cluster)
+        r.add_get("/v1/inspect/clusterstatus/virtualclusters/", self.virtual_clusters)
+        r.add_get("/v1/inspect/clusterstatus/virtualclusters/{vc}", self.virtual_cluster)
+        r.add_post("/v1/groups", self.allocate)
+        r.add_delete("/v1/groups/{name}", self.release)
+        r.add_put("/v1/nodes/{name}/health", self.node_health)
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HTTPError as e:
+            return _json(e.body, e.code)
+        except Unavailable as e:
+            return _json({"code": 503, "message": str(e), "definite": e.definite}, 503,
+                         headers={"Retry-After": str(RETRY_AFTER_S)})
+        except web.HTTPRequestEntityTooLarge:
+            return _json({"code": 413, "message": f"body larger than {self.body_bytes_max} bytes", "field": "body"},
+                         413)
+        except web.HTTPException as e:  # aiohttp's own 404 / 405: same JSON shape
+            if e.status < 400:
+                raise
+            return _json({"code": e.status, "message": e.reason}, e.status)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > self.body_bytes_max:
+            raise HTTPError(413, f"body larger than {self.body_bytes_max} bytes", "body")
+        raw = await request.content.read(self.body_bytes_max + 1)
+        if len(raw) > self.body_bytes_max:
+            raise HTTPError(413, f"body larger than {self.body_bytes_max} bytes", "body")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HTTPError(400, f"body is not valid JSON: {e}", "body") from None
+
+    def _inner(self) -> Any:
+        """The local scheduler (for checks against the config before proposing)."""
+        inner = getattr(self.service.node.machine, "inner", None)
+        if inner is None or not self.service.ready:
+            raise Unavailable("this replica has not yet checked its config against the cluster's", True)
+        return inner
+
+    async def _read(self, request: web.Request, op: dict[str, Any]) -> Any:
+        consistency = request.query.get("consistency", "linearizable")
+        if consistency == "serializable":
+            result = self.service.local(op)
+        elif consistency == "linearizable":
+            result = await self.service.call(op, read=True)
+        else:
+            raise HTTPError(400, "consistency must be linearizable or serializable", "consistency")
+        return self._unwrap(result)
+
+    @staticmethod
+    def _unwrap(result: Any) -> Any:
+        if not isinstance(result, dict):
+            raise HTTPError(500, f"unexpected result {str(result)[:200]}")
+        if result.get("ok"):
+            return result.get("result", result)
+        if result.get("uninitialized"):
+            raise Unavailable(result.get("error", "not initialized"), True)
+        raise HTTPError(404 if result.get("not_found") else 400, str(result.get("error")))
+
+    # --- inspect -----------------------------------------------------------------------
+
+    async def affinity_groups(self, request: web.Request) -> web.Response:
+        return _json(await self._read(request, {"op": "inspect", "view": "affinitygroups"}))
+
+    async def affinity_group(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        return _json(await self._read(request, {"op": "inspect", "view": "affinitygroup", "name": name}))
+
+    async def cluster_status(self, request: web.Request) -> web.Response:
+        return _json(await self._read(request, {"op": "inspect", "view": "clusterstatus"}))
+
+    async def physical_cluster(self, request: web.Request) -> web.Response:
+        return _json(await self._read(request, {"op": "inspect", "view": "physicalcluster"}))
+
+    async def virtual_clusters(self, request: web.Request) -> web.Response:
+        return _json(await self._read(request, {"op": "inspect", "view": "virtualclusters"}))
+
+    async def virtual_cluster(self, request: web.Request) -> web.Response:
+        vc = request.match_info["vc"]
+        if vc not in self._inner().cluster.vc_scopes:
+            raise HTTPError(404, f"VC {vc} does not exist", "vc")
+        return _json(await self._read(request, {"op": "inspect", "view": "virtualcluster", "name": vc}))
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def allocate(self, request: web.Request) -> web.Response:
+        from scheduler_state.requests import RequestError, parse_request
+
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise HTTPError(400, "body must be a JSON object: a pod scheduling spec or {\"group\": SPEC, ...}", "body")
+        if "group" in body:
+            spec, prefix = body["group"], "group"
+            extra = {k: body[k] for k in ("ttl_ms", "wait", "suggestedNodes") if k in body}
+            unknown = sorted(set(body) - {"group", "ttl_ms", "wait", "suggestedNodes"})
+            if unknown:
+                raise HTTPError(400, f"unknown field(s) {', '.join(unknown)}", unknown[0])
+        else:
+            spec, prefix, extra = body, "group", {}
+        try:
+            req = parse_request(spec, extra.get("suggestedNodes"))
+        except RequestError as e:
+            field = _spec_field(str(e))
+            if str(e).startswith("suggestedNodes"):
+                field = "suggestedNodes"
+            raise HTTPError(400, str(e), field if field != "group" else prefix) from None
+        inner = self._inner()
+        cl = inner.cluster
+        if req.vc not in cl.vc_scopes:
+            raise HTTPError(400, f"VC {req.vc} does not exist", "group.virtualCluster")
+        if req.leaf_type is not None and req.leaf_type not in cl.chains_by_leaf_type:
+            raise HTTPError(400, f"leaf cell type {req.leaf_type} does not exist in the cluster", "group.leafCellType")
+        if req.pinned_id is not None and req.pinned_id not in cl.vc_pinned[req.vc]:
+            raise HTTPError(400, f"VC {req.vc} does not have pinned cell {req.pinned_id}", "group.pinnedCellId")
+        cmd: dict[str, Any] = {"op": "allocate", "group": spec}
+        if "suggestedNodes" in extra:
+            cmd["suggestedNodes"] = extra["suggestedNodes"]
+        if "wait" in extra:
+            if not isinstance(extra["wait"], bool):
+                raise HTTPError(400, "wait must be true or false", "wait")
+            cmd["wait"] = extra["wait"]
+        if "ttl_ms" in extra:
+            ttl = extra["ttl_ms"]
+            if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 10 * 365 * 86_400_000:
+                raise HTTPError(400, "ttl_ms must be a positive integer (milliseconds)", "ttl_ms")
+            cmd["ttl_ms"] = ttl
+            cmd["now_ms"] = int(time.time() * 1000)  # stamped here, by the proposing replica
+        result = await self.service.call(cmd)
+        if not isinstance(result, dict):
+            raise HTTPError(500, f"unexpected result {str(result)[:200]}")
+        if result.get("ok"):
+            return _json(result, 201)
+        if result.get("waiting"):
+            return _json(result, 202 if result.get("queued") else 409)
+        message = str(result.get("error"))
+        if result.get("uninitialized"):
+            raise Unavailable(message, True)
+        if "already" in message:
+            raise HTTPError(409, message, "group.name")
+        raise HTTPError(400, message, _spec_field(message))
+
+    async def release(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        result = await self.service.call({"op": "release", "group": name})
+        if isinstance(result, dict) and not result.get("ok") and "does not exist" in str(result.get("error")):
+            raise HTTPError(404, str(result["error"]), "name")
+        return _json(self._unwrap(result))
+
+    async def node_health(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = await self._body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("healthy"), bool):
+            raise HTTPError(400, "body must be {\"healthy\": true|false}", "healthy")
+        if name not in self._inner().cluster.node_leaves:
+            raise HTTPError(404, f"node {name} is not in the config", "name")
+        result = await self.service.call({"op": "set_node_health", "node": name, "healthy": body["healthy"]})
+        return _json(self._unwrap(result))
+
+    # --- probes ----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        node = self.service.node
+        if node._down:
+            raise Unavailable("stopping", True)
+        return _json({"ok": True, "node": node.cfg.node_id})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        s = self.service
+        node = s.node
+        body = {"ready": False, "node": node.cfg.node_id, "config_checked": s.ready,
+                "reachable": node.peers_reachable(), "quorum": node.quorum}
+        if s.ready and not node._down and node.peers_reachable() >= node.quorum:
+            body["ready"] = True
+            return _json(body)
+        return _json(body, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
