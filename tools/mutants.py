@@ -401,6 +401,26 @@ MUTANTS: list[Mutant] = [
         rule="Fig. 7 with §3.4: after the fill, no R_m slot may stand for an instance past C[m] + 1",
         description="a reported R_m slot after the filled holes is kept; R_m's next command takes it, before acknowledged ones",
     ),
+    Mutant(
+        name="serve-only-when-majority-moves",
+        file=SDP,
+        old="""\
+            if self.id == self.sequencer or self.n >= 7:
+                self._commit_oslots(prefix)
+        # On the acked prefix, not on majority_prefix: an installed snapshot raises
+        # that to its floor without a single OAck of this view (_raise_floor).
+        if self.phase == "recovering" and prefix >= self.recover_end:
+            self._start_serving()
+""",
+        new="""\
+            if self.id == self.sequencer or self.n >= 7:
+                self._commit_oslots(prefix)
+            if self.phase == "recovering" and prefix >= self.recover_end:
+                self._start_serving()
+""",
+        rule="liveness: a recovering sequencer serves once a majority acked recover_end, even if a snapshot already moved majority_prefix",
+        description="the serve check runs only when majority_prefix moves; a snapshot past recover_end leaves the sequencer recovering forever",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -966,15 +966,16 @@ class SDPaxosReplica(ReplicaBase):
         self.acked[self.id] = self.o_prefix
         prefix = sorted(self.acked, reverse=True)[self.quorum - 1]
         prefix = min(prefix, self.o_prefix)  # we must hold the values we commit
-        if prefix <= self.majority_prefix:
-            return
-        me = self.id
-        for j in range(self.majority_prefix, prefix):
-            if self.oslots[j].leader == me:
-                self.my_in_majority += 1
-        self.majority_prefix = prefix
-        if self.id == self.sequencer or self.n >= 7:
-            self._commit_oslots(prefix)
+        if prefix > self.majority_prefix:
+            me = self.id
+            for j in range(self.majority_prefix, prefix):
+                if self.oslots[j].leader == me:
+                    self.my_in_majority += 1
+            self.majority_prefix = prefix
+            if self.id == self.sequencer or self.n >= 7:
+                self._commit_oslots(prefix)
+        # On the acked prefix, not on majority_prefix: an installed snapshot raises
+        # that to its floor without a single OAck of this view (_raise_floor).
         if self.phase == "recovering" and prefix >= self.recover_end:
             self._start_serving()
 
