@@ -77,6 +77,16 @@ async def test_allocate_on_one_replica_read_from_the_others(make_cluster):
             assert r.status == 200
         async with http.get(bases[0] + "/v1/inspect/affinitygroups/job2") as r:
             assert r.status == 404
+        # a lease: now_ms stamped by replica 0, expiry proposed by the sequencer
+        async with http.post(bases[0] + "/v1/groups", json={"group": dict(spec, name="leased"), "ttl_ms": 200}) as r:
+            assert r.status == 201, await r.text()
+        deadline = time.monotonic() + 15
+        while True:
+            async with http.get(bases[1] + "/v1/inspect/affinitygroups/leased") as r:
+                if r.status == 404:
+                    break
+            assert time.monotonic() < deadline, "lease never expired"
+            await asyncio.sleep(0.1)
         async with http.post(bases[1] + "/v1/groups", json={"virtualCluster": "nope", "leafCellNumber": 1,
                                                             "name": "x"}) as r:
             assert r.status == 400 and (await r.json())["field"] == "group.virtualCluster"
