@@ -358,6 +358,12 @@ class World:
         return self
 
     def clone(self) -> "World":
+        """A copy that shares nothing mutable with this world. Live replicas are
+        pickled first (``freeze``): a clone of a world holding live objects would
+        otherwise share them, and an action on the clone would change this world
+        behind its cached digest."""
+        if any(obj is not None and type(obj) is not bytes for obj in self.reps):
+            self.freeze()
         w = World.__new__(World)
         w.__dict__.update(self.__dict__)
         w.reps = list(self.reps)
@@ -1077,17 +1083,19 @@ def random_walks(
     budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 1.0,
+    first: int = 0,
 ) -> Result:
     """``walks`` seeded random schedules of ``depth`` actions each, then stabilize and
     check. Walk ``w`` of ``seed`` is the same schedule every run. Budgets on drops and
-    duplicates do not apply (their rates are part of each walk's profile)."""
+    duplicates do not apply (their rates are part of each walk's profile). ``first``
+    skips the walks before it (to resume a campaign past a known counterexample)."""
     t0 = time.monotonic()
     wcfg = dataclasses.replace(cfg, max_drops=1 << 30, max_dups=1 << 30)
     result = Result(mode="walk", config=wcfg.to_json())
     base = World.initial(wcfg)
     base.freeze()
     next_report = t0 + progress_every_s
-    for w in range(walks):
+    for w in range(first, first + walks):
         rng = random.Random(seed * 1_000_003 + w)
         prof = _walk_profile(rng, wcfg, depth)
         world = base.clone()
@@ -1110,13 +1118,13 @@ def random_walks(
             result.violation = _violation_entry(v, trace, world)
             result.violation["walk"] = w
             result.violation["seed"] = seed
-            result.walks = w + 1
+            result.walks = w + 1 - first
             break
-        result.walks = w + 1
+        result.walks = w + 1 - first
         now = time.monotonic()
         if progress is not None and now >= next_report:
             next_report = now + progress_every_s
-            progress(f"[walk] {w + 1}/{walks} walks, {result.transitions} actions, {result.transitions / (now - t0):.0f} actions/s, {now - t0:.0f} s")
+            progress(f"[walk] {w + 1 - first}/{walks} walks, {result.transitions} actions, {result.transitions / (now - t0):.0f} actions/s, {now - t0:.0f} s")
         if budget_s is not None and now - t0 > budget_s:
             break
     result.seconds = round(time.monotonic() - t0, 3)
@@ -1315,6 +1323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", choices=("dfs", "bfs"), default="dfs")
     p.add_argument("--seed", type=int, default=None, help="random walks: the seed (walk w replays as seed, w)")
     p.add_argument("--walks", type=int, default=None, help="run this many seeded random walks instead of exhaustive search")
+    p.add_argument("--first-walk", type=int, default=0, help="random walks: start at this walk number (resume a campaign)")
     p.add_argument("--guided", action="store_true", help="with --walks: coverage-guided runs that resume states with new signatures")
     p.add_argument("--segment", type=int, default=40, help="guided: actions per run")
     p.add_argument("--crashes", type=int, default=1, help="at most this many crashes per trace")
@@ -1377,7 +1386,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.guided:
             res = guided(cfg, args.walks, args.depth, seed=seed, segment=args.segment, budget_s=args.budget_seconds, progress=echo_err)
         else:
-            res = random_walks(cfg, args.walks, args.depth, seed=seed, budget_s=args.budget_seconds, progress=echo_err)
+            res = random_walks(cfg, args.walks, args.depth, seed=seed, budget_s=args.budget_seconds, progress=echo_err, first=args.first_walk)
     else:
         echo_err(f"explore {args.strategy} depth={args.depth} budget={args.budget_states} states protocol={cfg.protocol} replicas={cfg.replicas} workload={cfg.workload}")
         prefix = None
