@@ -46,11 +46,6 @@ def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="o_view raised to a recovering view L on its O-commit alone; L's sequencer was R_m: Fig. 7 fills for u's sequencer",
-)
 @pytest.mark.parametrize("restart_r2", [False, True], ids=["live", "r2-restarted"])
 def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r2):
     """N=5, LAN. R0 serves view 0; R4 = R_m. Never more than two replicas down or cut off.
@@ -73,6 +68,9 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r
     replaying the ``["O", L, ...]`` record ``_on_ocommit`` wrote for the slots it learned
     (``_replay`` raises o_view on every "O" record), so a fix that only stops
     ``_ack_o_view`` on a recovering view's O-commit still leaves this case broken.
+
+    Fixed: a replica OAcks a view only after taking one of its O-accepts
+    (``_may_ack``), and o_view is durable through "AV" records only.
     """
     sim, replies = quiet()
     phase = {"p": "warm"}
@@ -123,11 +121,11 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r
     t += 50
     assert j not in sim.nodes[2].oslots, "R2 never learned slot j"
     if not restart_r2:
-        assert sim.nodes[2].o_view == view_l, "R2 raised its o_view to L on L's O-commit alone"
+        assert sim.nodes[2].o_view < view_l, "an O-commit alone raises no o_view (and earns no OAck)"
     else:
         sim.crash(2)
         sim.restart(2)
-        assert sim.nodes[2].o_view == view_l, "R2's o_view replayed from its records"
+        assert sim.nodes[2].o_view < view_l, "o_view is replayed from AV records only"
     sim.crash(4)
     for r in (1, 2, 3):
         sim.nodes[r].election_due = sim.nodes[r]._election_deadline()
@@ -152,11 +150,6 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuleBroken,
-    reason="R_m's compaction raises its committed prefix past its fast slots; its own view L re-proposes from there",
-)
 def test_fig7_misses_r_m_slots_below_the_base_of_its_own_view():
     """N=5, LAN, snapshots every 2 slots. R0 serves view 0; R4 = R_m.
 
@@ -176,6 +169,9 @@ def test_fig7_misses_r_m_slots_below_the_base_of_its_own_view():
        snapshot; L cannot serve (the others miss slot j).
     3. R4 crashes. R1, R2, R3 elect one of them: last_view = L, last_seq = R4 (no
        voter), Fig. 7 fills for R0 only; slots j..j+3 are holes: no-cl.
+
+    Fixed: ``take_snapshot`` waits while an executed slot is not yet committed, so
+    R4 keeps j..j+3 in its log (and in L's recovered log).
     """
     sim, replies = quiet(snapshot_every=2)
     phase = {"p": "warm"}
@@ -208,7 +204,9 @@ def test_fig7_misses_r_m_slots_below_the_base_of_its_own_view():
             j = min(s for s, o in r4.oslots.items() if o.leader == 4 and o.fast)
     sim.run(until_ms=t + 20)
     t += 20
-    assert r4.exec_slot > j + 3 and r4.floor_slot > j and r4.o_committed > j, (r4.floor_slot, j)
+    assert r4.exec_slot > j + 3
+    if r4.floor_slot <= j:
+        return  # the rule holds: no snapshot covers an executed slot not yet committed
     assert all(j not in sim.nodes[r].oslots and sim.nodes[r].floor_slot <= j for r in (1, 2, 3)), "only R0, R4 know slot j"
     sim.net.isolate(0)
     for r in (1, 2, 3):  # who stands is the schedule's choice: R4's timer fires first
