@@ -270,12 +270,15 @@ class SDPaxosReplica(ReplicaBase):
         # Pre-vote (Raft §9.6): the view we would stand for, and who would vote for it.
         self._prevote_view = -1
         self._prevotes: set[int] = set()
-        # The highest view whose sequencer's O-accepts we took or whose sequencer we
-        # acked at all (``_ack_o_view``), or that we made as sequencer. Durable ("O"
-        # and "AV" records). A view serves only on a majority of OAcks, so a majority
-        # of votes always shows the last view that served: Fig. 7 needs that view's
-        # sequencer to know whose slots may be unseen.
+        # The highest view whose sequencer's O-accepts we took (or, as sequencer, made),
+        # durable through "AV" records only. We OAck a view only once we took its
+        # O-accepts (``_may_ack``), and a view serves only on a majority of OAcks, so a
+        # majority of votes always shows the last view that served, and the voter that
+        # shows it holds what that view's sequencer proposed to it: Fig. 7 needs that.
         self.o_view = self.view
+        # N = 5: we saw an O-accept of this view marked serving (its recovery is over);
+        # until then our own slots of this view make nothing ready or executed.
+        self.view_serving = False
         self._vote_tick = 0
         # Reads
         self._next_rid = 0
@@ -354,7 +357,6 @@ class SDPaxosReplica(ReplicaBase):
                 self.promised[rec[1]] = max(self.promised[rec[1]], rec[2])
             elif kind == "O":
                 _, view, start, leaders = rec
-                self.o_view = max(self.o_view, view)
                 for k, leader in enumerate(leaders):
                     if start + k < self.floor_slot:
                         continue  # covered by the snapshot
@@ -427,7 +429,16 @@ class SDPaxosReplica(ReplicaBase):
         ``state`` is byte-identical on every replica at the same ``slot``; ``meta``
         (str keys, msgpack-friendly) says which O-slots (``slot``) and which
         C-instances of each leader (``exec_inst``) it reflects.
+
+        None (ask again later) while we executed a slot not yet known committed (N =
+        5: a command leader executes its own slot on the sequencer's O-accept alone).
+        A snapshot's slots count as chosen everywhere (compaction, restarts, peers
+        that install it), but such a slot is safe only while this replica can still
+        report it in a view change (Fig. 7): compacting it away would let a view that
+        never served, led by this replica, hide it from the next majority.
         """
+        if self.exec_slot > self.o_committed:
+            return None
         meta = {
             "protocol": self.protocol,
             "n": self.n,
@@ -627,8 +638,7 @@ class SDPaxosReplica(ReplicaBase):
         if m.slot > self.o_committed:
             self._commit_oslots(m.slot)
             self._advance_o_prefix()
-        if src == self.sequencer and m.view == self.view and self.id != self.sequencer:
-            self._ack_o_view()
+        if src == self.sequencer and m.view == self.view and self.id != self.sequencer and self._may_ack():
             self.send(src, OAck(self.view, self.o_prefix))
 
     # --- proposing (command leader) ---------------------------------------------------
@@ -938,7 +948,9 @@ class SDPaxosReplica(ReplicaBase):
         self._propose_slots(start, leaders)
 
     def _propose_slots(self, start: int, leaders: list[int]) -> None:
-        self.o_view = self.view
+        if self.o_view < self.view:
+            self.o_view = self.view
+            self.persist(["AV", self.view])
         self.persist(["O", self.view, start, leaders])
         self._advance_o_prefix()
         for lo in range(0, len(leaders), OSLOTS_PER_MSG_MAX):
@@ -1018,12 +1030,13 @@ class SDPaxosReplica(ReplicaBase):
             self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
-        if fresh:
-            self.persist(["O", m.view, m.start, m.leaders])
-        elif m.view > self.o_view:
-            self.persist(["AV", m.view])  # took this view's O-accepts, all already known
         if m.view > self.o_view:
             self.o_view = m.view
+            self.persist(["AV", m.view])  # we took this view's O-accepts
+        if fresh:
+            self.persist(["O", m.view, m.start, m.leaders])
+        if m.serving and not self.view_serving:
+            self.view_serving = True  # our slots of this view in the prefix count now
         if replaced:
             self._recount_mine()
         old = self.o_prefix
@@ -1116,18 +1129,15 @@ class SDPaxosReplica(ReplicaBase):
         before = self.o_prefix
         self._advance_o_prefix()
         self._commit_oslots(min(m.upto, m.start + len(m.leaders)) if m.leaders else m.upto)
-        if self.o_prefix > before:
-            self._ack_o_view()
+        if self.o_prefix > before and self._may_ack():
             self.send(src, OAck(self.view, self.o_prefix), lazy=True)
 
-    def _ack_o_view(self) -> None:
-        """Before any OAck in this view: ``o_view`` reaches the view, durably. A view
-        serves only on a majority of OAcks, so every later majority then holds a
-        voter whose ``o_view`` names it (``_fig7``), however the acks were earned
-        (taking its O-accepts, its commits, or a Compacted notice)."""
-        if self.o_view < self.view:
-            self.o_view = self.view
-            self.persist(["AV", self.view])
+    def _may_ack(self) -> bool:
+        """An OAck of this view only once we took one of its O-accepts (o_view): a
+        view serves on a majority of OAcks, and Fig. 7 needs every later majority to
+        hold a voter that took what its sequencer proposed. Commits and Compacted
+        notices alone earn no OAck; the sequencer's resent O-accepts do."""
+        return self.o_view >= self.view
 
     def _recount_mine(self) -> None:
         """Recompute the counts derived from the O-log after values were replaced."""
@@ -1148,6 +1158,10 @@ class SDPaxosReplica(ReplicaBase):
 
     def _ready_count(self) -> int:
         """How many of my C-instances have their O-side satisfied (Fig. 5)."""
+        if self.n == 5 and self.id != self.sequencer and not self.view_serving:
+            # A recovering sequencer's O-accepts make nothing ready on their own (a view
+            # that never serves may be unknown to the next view change's majority).
+            return self.my_committed
         return ready_limit(self.n, self.id == self.sequencer, self.my_committed, self.my_in_prefix, self.my_in_majority)
 
     def _check_ready(self) -> None:
@@ -1275,6 +1289,7 @@ class SDPaxosReplica(ReplicaBase):
             return
         self.view = view
         self.sequencer = ballot_owner(view)
+        self.view_serving = False
         self.persist(["V", view])
         # A view we own but did not win in this incarnation: never act as its
         # sequencer (we skipped phase 1); elect ourselves properly instead.
@@ -1381,6 +1396,7 @@ class SDPaxosReplica(ReplicaBase):
         view = make_ballot(ballot_round(self.view) + 1, self.id)
         self.view = view
         self.sequencer = self.id
+        self.view_serving = False
         self.phase = "candidate"
         self.persist(["V", view])
         self.votes = {}
@@ -1733,7 +1749,10 @@ class SDPaxosReplica(ReplicaBase):
                 if behind:
                     self.send(dst, self._compacted_notice())
                     noticed = True
-                else:
+                    # ... and what we hold from the floor: whatever it lacks below, it
+                    # must take one of our O-accepts before it may ack this view.
+                    start = self.floor_slot
+                if start < self.next_slot:
                     leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
                     self.send(dst, OAccept(self.view, start, leaders, self.phase == "normal"))
                 self._oaccept_tick[dst] = now

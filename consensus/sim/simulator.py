@@ -506,8 +506,9 @@ class Simulation:
     def _take_snapshot(self, node: int) -> None:
         snap = self.nodes[node].take_snapshot()
         if snap is None:
-            self._snapshot_every = 0  # this protocol does not compact
-            return
+            if self.cfg.protocol != "sdpaxos":
+                self._snapshot_every = 0  # this protocol does not compact
+            return  # not now (SDPaxos: an executed slot is not committed yet)
         self.snapshots_taken += 1
         self._store_snapshot(node, snap)
 
