@@ -17,12 +17,19 @@ config, so comments and formatting do not matter, content does.
 
 Before ``init`` commits, every other command answers ``{"ok": False, "uninitialized":
 True, "error": ...}`` and changes nothing.
+
+**Observing applies** (metrics, the embedding API's change feed): the runtime may set
+``observer`` to a callable ``(command, result, apply_ns)``, called after every
+``apply`` and with ``(None, None, 0)`` after a ``restore`` (the state was replaced
+wholesale: a feed must resynchronize), and ``timer`` to a nanosecond clock used only
+to measure ``apply_ns``. Neither is part of the state (snapshot, digest) nor read by
+``apply``'s logic; with no observer nothing is timed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -50,6 +57,9 @@ class ReplicatedScheduler:
     def __init__(self, config: Config | None = None) -> None:
         self.inner: SchedulerStateMachine | None = None
         self.config_hash: str | None = None
+        # Outside the state (module docstring): set by the runtime, never snapshotted.
+        self.observer: Callable[[Any, Any, int], None] | None = None
+        self.timer: Callable[[], int] | None = None
         if config is not None:  # tests and the simulator: as if init were the first command
             self._init(config)
 
@@ -58,6 +68,16 @@ class ReplicatedScheduler:
         self.config_hash = config_hash(config)
 
     def apply(self, command: Any) -> Any:
+        observer = self.observer
+        if observer is None:
+            return self._apply(command)
+        timer = self.timer
+        t0 = timer() if timer is not None else 0
+        result = self._apply(command)
+        observer(command, result, timer() - t0 if timer is not None else 0)
+        return result
+
+    def _apply(self, command: Any) -> Any:
         if isinstance(command, dict) and command.get("op") == "init":
             if self.inner is not None:
                 return {"ok": True, "initialized": False, "config_hash": self.config_hash}
@@ -99,10 +119,14 @@ class ReplicatedScheduler:
             raise ValueError(f"not a replicated scheduler snapshot (format {fmt!r})")
         if inner is None:
             self.inner, self.config_hash = None, None
+            if self.observer is not None:
+                self.observer(None, None, 0)
             return
         m = SchedulerStateMachine.__new__(SchedulerStateMachine)
         m.restore(inner)
         self.inner, self.config_hash = m, chash
+        if self.observer is not None:
+            self.observer(None, None, 0)
 
     def digest(self) -> str:
         return hashlib.sha256(self.snapshot()).hexdigest()[:16]

@@ -23,6 +23,11 @@ Cellar's own::
     GET    /healthz                 200 while the process serves
     GET    /readyz                  200 once the config check passed and a majority is
                                     reachable, else 503
+    GET    /v1/status               this replica: role, view, executed slot, digest,
+                                    config hash, groups, leaf cells in use;
+                                    ?invariants=1 also runs the invariant checker on
+                                    this replica's state ("invariants": [violations])
+    GET    /metrics                 Prometheus text (store/metrics.py)
 
 Errors are HiveD's ``WebServerError`` shape plus the field at fault:
 ``{"code": 400, "message": "...", "field": "group.virtualCluster"}``. Bad input
@@ -77,7 +82,7 @@ class SchedulerAPI:
     def __init__(self, service: SchedulerService, body_bytes_max: int = BODY_BYTES_MAX) -> None:
         self.service = service
         self.body_bytes_max = body_bytes_max
-        self.app = web.Application(middlewares=[self._errors], client_max_size=body_bytes_max)
+        self.app = web.Application(middlewares=[self._count, self._errors], client_max_size=body_bytes_max)
         r = self.app.router
         r.add_get("/v1/inspect/affinitygroups/", self.affinity_groups)
         r.add_get("/v1/inspect/affinitygroups/{name}", self.affinity_group)
@@ -90,6 +95,8 @@ class SchedulerAPI:
         r.add_put("/v1/nodes/{name}/health", self.node_health)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
+        r.add_get("/v1/status", self.status)
+        r.add_get("/metrics", self.metrics)
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -100,6 +107,25 @@ class SchedulerAPI:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """``cellar_http_requests_total`` by route template (never the raw path)."""
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            metrics = getattr(self.service, "metrics", None)
+            if metrics is not None:
+                resource = request.match_info.route.resource
+                path = resource.canonical if resource is not None else "unmatched"
+                metrics.request(path, request.method, status, time.perf_counter() - t0)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -264,6 +290,13 @@ class SchedulerAPI:
         if node._down:
             raise Unavailable("stopping", True)
         return _json({"ok": True, "node": node.cfg.node_id})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return _json(self.service.status(invariants=request.query.get("invariants") in ("1", "true")))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.service.metrics.render(),
+                            headers={"Content-Type": self.service.metrics.content_type})
 
     async def readyz(self, request: web.Request) -> web.Response:
         s = self.service

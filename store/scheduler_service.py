@@ -24,11 +24,22 @@ beside it in the same event loop, a ``SchedulerService``:
   looks at its local state and, if some lease ended by its clock, proposes one
   ``lease_expire``. After a failover the new sequencer does the same with its own
   clock; skew between replicas moves expiry by that skew, never backwards in the log.
+- **Observation.** The service is the machine's observer
+  (``ReplicatedScheduler.observer``): every applied command feeds the Prometheus
+  series (``store.metrics``) and the change feed: ``scheduler_state.events`` turns the
+  command and its result into events, each stamped with ``position``, the command's
+  1-based number among every command the replicated machine applied (the executor's
+  count: the same on every replica, carried by snapshots). The last
+  ``FEED_HISTORY_MAX`` events are kept so a subscriber can resume after a position;
+  each subscriber has a bounded queue (``Feed``) and is told to resynchronize
+  (``FeedGap``) rather than silently miss events when it falls behind or when a
+  snapshot replaced the state wholesale.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -44,6 +55,8 @@ CALL_TIMEOUT_S = 5.0
 INIT_RETRY_S = 1.0
 LEASE_CHECK_S = 1.0
 SESSIONS_MAX = 4096  # concurrent calls per replica; more wait for a session
+FEED_HISTORY_MAX = 10_000  # events kept for subscribers resuming after a position
+FEED_QUEUE_MAX = 10_000  # events a subscriber may fall behind before it gets FeedGap
 
 
 class ConfigMismatch(Exception):
@@ -56,6 +69,62 @@ class Unavailable(Exception):
     def __init__(self, message: str, definite: bool) -> None:
         super().__init__(message)
         self.definite = definite
+
+
+class FeedGap(Exception):
+    """The feed cannot give every event after the subscriber's position: it fell
+    behind (queue full), resumed from a position older than the kept history, or a
+    snapshot replaced the state. Re-read the state (inspect) and subscribe again."""
+
+
+class Feed:
+    """One subscriber's view of the change feed: ``async for event in feed``.
+
+    Events arrive in applied order, each once. The queue holds at most ``queue_max``
+    events; past that the iterator raises ``FeedGap`` (after the events it still
+    holds) instead of dropping silently. ``close()`` ends the iteration.
+    """
+
+    def __init__(self, service: SchedulerService, queue_max: int) -> None:
+        self._service = service
+        self._queue: collections.deque = collections.deque()
+        self._queue_max = queue_max
+        self._wake = asyncio.Event()
+        self._gap: str | None = None
+        self._closed = False
+
+    def _push(self, events: list[dict]) -> None:
+        if self._gap is not None or self._closed:
+            return
+        if len(self._queue) + len(events) > self._queue_max:
+            self._gap = f"subscriber fell more than {self._queue_max} events behind"
+        else:
+            self._queue.extend(events)
+        self._wake.set()
+
+    def _fail(self, why: str) -> None:
+        if self._gap is None:
+            self._gap = why
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._service._unsubscribe(self)
+        self._wake.set()
+
+    def __aiter__(self) -> Feed:
+        return self
+
+    async def __anext__(self) -> dict:
+        while not self._queue:
+            if self._gap is not None:
+                self._service._unsubscribe(self)
+                raise FeedGap(self._gap)
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+        return self._queue.popleft()
 
 
 class SchedulerService:
@@ -78,6 +147,17 @@ class SchedulerService:
         self._nonce = f"{os.getpid():x}.{time.time_ns() & 0xFFFFFFFFFF:x}"
         self._tasks: list[asyncio.Task] = []
         self.stats = {"calls": 0, "timeouts": 0, "refused_no_quorum": 0, "lease_expire_proposed": 0}
+        from store.metrics import SchedulerMetrics
+
+        self.metrics = SchedulerMetrics(self)
+        self._history: collections.deque = collections.deque()
+        # every event of a command at position >= _history_from is in _history (None: unknown)
+        self._history_from: int | None = node.replica.executor.applied + 1
+        self._feeds: list[Feed] = []
+        machine = node.machine
+        if hasattr(machine, "observer"):
+            machine.timer = time.perf_counter_ns
+            machine.observer = self._observe
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -89,6 +169,61 @@ class SchedulerService:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        machine = self.node.machine
+        if getattr(machine, "observer", None) == self._observe:
+            machine.observer = None
+        for f in list(self._feeds):
+            f.close()
+
+    # --- observation: metrics and the change feed ------------------------------------
+
+    def _observe(self, command: Any, result: Any, apply_ns: int) -> None:
+        """``ReplicatedScheduler.observer``: runs inside apply, so it must never raise."""
+        try:
+            self.metrics.applied(command, result, apply_ns)
+            if command is None:  # a snapshot replaced the state: the history breaks here
+                self._history.clear()
+                self._history_from = None
+                for f in list(self._feeds):
+                    f._fail("a snapshot replaced this replica's state")
+                return
+            position = self.node.replica.executor.applied + 1  # the executor counts after apply returns
+            if self._history_from is None:
+                self._history_from = position
+            from scheduler_state.events import events_of
+
+            events = events_of(command, result)
+            if not events:
+                return
+            for e in events:
+                e["position"] = position
+            history = self._history
+            history.extend(events)
+            while len(history) > FEED_HISTORY_MAX:  # bounded; remember where it now starts
+                self._history_from = history.popleft()["position"] + 1
+            for f in self._feeds:
+                f._push(events)
+        except Exception:  # pragma: no cover - a bug here must not stop the replica
+            log.exception("scheduler observer failed")
+
+    def subscribe(self, after: int | None = None, queue_max: int = FEED_QUEUE_MAX) -> Feed:
+        """A ``Feed`` of the events committed from now on, or, with ``after``, of the
+        events of every command after position ``after`` first (``FeedGap`` at the
+        first iteration if the kept history no longer reaches back that far)."""
+        feed = Feed(self, queue_max)
+        if after is not None:
+            start = self._history_from
+            if start is None or after + 1 < start:
+                feed._fail(f"events after position {after} are no longer kept here "
+                           f"(history starts at {start}); re-read the state")
+            else:
+                feed._push([dict(e) for e in self._history if e["position"] > after])
+        self._feeds.append(feed)
+        return feed
+
+    def _unsubscribe(self, feed: Feed) -> None:
+        if feed in self._feeds:
+            self._feeds.remove(feed)
 
     async def _genesis(self) -> None:
         """Propose our init until it is answered; compare hashes (module docstring)."""
@@ -185,6 +320,34 @@ class SchedulerService:
         if status != clientwire.OK:
             raise Unavailable(f"replica answered: {result}", True)
         return result
+
+    def status(self, invariants: bool = False) -> dict[str, Any]:
+        """This replica at a glance (``GET /v1/status``, ``cellar scheduler status``)."""
+        from store.metrics import leaf_counts
+
+        node = self.node
+        st = node.replica.status()
+        lead = st.get("sequencer", st.get("leader"))
+        out: dict[str, Any] = {
+            "node": node.cfg.node_id, "ready": self.ready and not node._down and node.peers_reachable() >= node.quorum,
+            "protocol": st.get("protocol"), "view": st.get("view"), "sequencer": lead,
+            "is_sequencer": lead == node.cfg.node_id, "lease": st.get("lease"), "exec_slot": st.get("exec_slot"),
+            "applied": node.replica.executor.applied, "digest": node._digest(), "config_hash": self.config_hash,
+            "config_checked": self.ready, "reachable": node.peers_reachable(), "replicas": len(node.cfg.peers),
+        }
+        inner = getattr(node.machine, "inner", None)
+        if inner is not None:
+            used, free, bad = leaf_counts(inner)
+            out.update(groups=len(inner.groups), pending=len(inner.pending), leaf_cells_used=used,
+                       leaf_cells_free=free, leaf_cells_bad=bad, bad_nodes=sorted(inner.cluster.bad_nodes),
+                       clock_ms=inner.clock_ms)
+            if invariants:
+                from scheduler_state.invariants import check
+
+                out["invariants"] = check(inner)
+        elif invariants:
+            out["invariants"] = []
+        return out
 
     def local(self, op: Any) -> Any:
         """A serializable read of this replica's state (possibly stale)."""
