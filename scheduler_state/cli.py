@@ -5,6 +5,9 @@
   exit with status 1.
 - ``cellar scheduler bench [--nodes 1024] [--vcs 8] [--ops 50000] [--seed 1] [--json]``:
   the apply-throughput benchmark of ``scheduler_state.bench`` (ops/s, p50/p99 apply time).
+- ``cellar scheduler status|vcs|groups|allocate SPEC|release NAME|health NODE on|off
+  [--endpoints HOST:PORT,...] [--json]``: the running replicas' HTTP API
+  (``store.scheduler_cli``).
 """
 
 from __future__ import annotations
@@ -81,3 +84,17 @@ def bench(nodes: int, vcs: int, ops: int, warmup: int, seed: int, utilization: f
         f = result[kind]
         click.echo(f"{kind:>4}: {f['ops_per_s']:>9.0f} ops/s   p50 {f['p50_us']:>7.1f} us   "
                    f"p99 {f['p99_us']:>7.1f} us   max {f['max_us']:>8.1f} us")
+
+
+def _add_service_commands() -> None:
+    """The commands that talk to running replicas (``store.scheduler_cli``); they import
+    aiohttp and rich only when run."""
+    try:
+        from store.scheduler_cli import COMMANDS
+    except ImportError:  # pragma: no cover - a build without store/
+        return
+    for command in COMMANDS:
+        scheduler.add_command(command)
+
+
+_add_service_commands()
