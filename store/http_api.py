@@ -27,6 +27,11 @@ Cellar's own::
                                     config hash, groups, leaf cells in use;
                                     ?invariants=1 also runs the invariant checker on
                                     this replica's state ("invariants": [violations])
+    GET    /v1/events?after=P       the change feed: {"from", "events", "applied"}, the
+                                    events of commands after position P this replica
+                                    still keeps (every one from "from" on); with
+                                    &wait_s=S, waits up to S s for the first one
+                                    (long poll); &limit=N (default 1000)
     GET    /metrics                 Prometheus text (store/metrics.py)
 
 Errors are HiveD's ``WebServerError`` shape plus the field at fault:
@@ -40,13 +45,14 @@ a write may still take effect. Writes are answered only once applied.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 from aiohttp import web
 
-from store.scheduler_service import SchedulerService, Unavailable
+from store.scheduler_service import FeedGap, SchedulerService, Unavailable
 
 BODY_BYTES_MAX = 1 << 20
 RETRY_AFTER_S = 1
@@ -96,6 +102,7 @@ class SchedulerAPI:
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/v1/status", self.status)
+        r.add_get("/v1/events", self.events)
         r.add_get("/metrics", self.metrics)
         self._runner: web.AppRunner | None = None
 
@@ -293,6 +300,36 @@ class SchedulerAPI:
 
     async def status(self, request: web.Request) -> web.Response:
         return _json(self.service.status(invariants=request.query.get("invariants") in ("1", "true")))
+
+    async def events(self, request: web.Request) -> web.Response:
+        def number(name: str, default: float, lo: float, hi: float) -> float:
+            raw = request.query.get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise HTTPError(400, f"{name} must be a number", name) from None
+            if not lo <= value <= hi:
+                raise HTTPError(400, f"{name} must be within {lo:g}..{hi:g}", name)
+            return value
+
+        after = int(number("after", 0, 0, 2**62))
+        limit = int(number("limit", 1000, 1, 10_000))
+        wait_s = number("wait_s", 0, 0, 60)
+        service = self.service
+        body = service.history(after, limit)
+        if not body["events"] and wait_s > 0 and body["from"] is not None and after + 1 >= body["from"]:
+            feed = service.subscribe()
+            try:
+                async with asyncio.timeout(wait_s):
+                    await feed.__anext__()
+            except (TimeoutError, FeedGap, StopAsyncIteration):
+                pass  # nothing came, or the state was replaced: answer with what is kept
+            finally:
+                feed.close()
+            body = service.history(after, limit)
+        return _json(body)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.service.metrics.render(),

@@ -221,6 +221,13 @@ class SchedulerService:
         self._feeds.append(feed)
         return feed
 
+    def history(self, after: int = 0, limit: int = FEED_HISTORY_MAX) -> dict[str, Any]:
+        """The kept events of commands after position ``after`` (at most ``limit``):
+        ``{"from": P, "events": [...], "applied": N}``; every event of a command at
+        position >= P is kept (``from`` None: unknown, a snapshot replaced the state)."""
+        events = [dict(e) for e in self._history if e["position"] > after][:limit]
+        return {"from": self._history_from, "events": events, "applied": self.node.replica.executor.applied}
+
     def _unsubscribe(self, feed: Feed) -> None:
         if feed in self._feeds:
             self._feeds.remove(feed)
