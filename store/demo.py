@@ -9,6 +9,9 @@
    every acknowledged write is readable with its acknowledged value.
 
 Exit status 0 only if the digests agree and no acknowledged write is missing.
+
+``--machine scheduler`` runs ``store.scheduler_demo`` instead (HiveD's scheduler under
+a job stream, with the same kill and restart).
 """
 
 from __future__ import annotations
