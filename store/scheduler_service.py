@@ -48,6 +48,7 @@ from typing import Any
 
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node
+from scheduler_state.events import events_of
 
 log = logging.getLogger("cellar.scheduler")
 
@@ -190,8 +191,6 @@ class SchedulerService:
             position = self.node.replica.executor.applied + 1  # the executor counts after apply returns
             if self._history_from is None:
                 self._history_from = position
-            from scheduler_state.events import events_of
-
             events = events_of(command, result)
             if not events:
                 return

@@ -129,6 +129,26 @@ async def test_metrics_and_cli_against_embedded_replicas(trio):
                    'cellar_http_requests_total{method="GET",path="/v1/inspect/affinitygroups/",status="200"}'):
         assert series in text, series
 
+    # the change feed over HTTP: kept events, then a long poll answered by a commit
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{endpoints[2]}/v1/events?after=0") as r:
+            feed = await r.json()
+        assert feed["from"] == 1 and [e["type"] for e in feed["events"]] == ["initialized", "placed"]
+        last = feed["events"][-1]["position"]
+
+        async def poll() -> dict:
+            async with http.get(f"http://{endpoints[2]}/v1/events?after={last}&wait_s=10") as r:
+                return await r.json()
+
+        waiting = asyncio.create_task(poll())
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await reps[0].release("m1")
+        got = await asyncio.wait_for(waiting, 10)
+        assert [(e["type"], e["group"]) for e in got["events"]] == [("released", "m1")]
+        async with http.get(f"http://{endpoints[2]}/v1/events?after=x") as r:
+            assert r.status == 400 and (await r.json())["field"] == "after"
+
     async def cli(*args: str) -> tuple[int, str, str]:
         p = await asyncio.create_subprocess_exec(sys.executable, "-m", "store.cli", "scheduler", *args,
                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -139,7 +159,7 @@ async def test_metrics_and_cli_against_embedded_replicas(trio):
     eps = ",".join([dead, *endpoints])
     code, out, err = await cli("groups", "--endpoints", eps, "--json")
     assert code == 0, err
-    assert [g["metadata"]["name"] for g in json.loads(out)["items"]] == ["m1"]
+    assert json.loads(out)["items"] == []
     code, out, err = await cli("allocate", str(EXAMPLES / "job-gang.json"), "--endpoints", eps)
     assert code == 0 and "placed job1/workers" in out, err
     code, out, err = await cli("allocate", str(EXAMPLES / "job-gang.json"), "--endpoints", eps)
