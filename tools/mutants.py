@@ -418,12 +418,12 @@ MUTANTS: list[Mutant] = [
         description="a follower more than SLOTS_PER_MSG_MAX ahead of the new leader's acked never catches up",
     ),
     Mutant(
-        name="fig7-keeps-surplus-rm-slot",
+        name="serve-before-phantoms-decided",
         file=SDP,
-        old="                if below > needed and j not in chosen:\n",
-        new="                if False:\n",
-        rule="Fig. 7 with §3.4: after the fill, no R_m slot may stand for an instance past C[m] + 1",
-        description="a reported R_m slot after the filled holes is kept; R_m's next command takes it, before acknowledged ones",
+        old="        if self.phase == \"recovering\" and prefix >= self.recover_end and not self._phantoms_pending():\n",
+        new="        if self.phase == \"recovering\" and prefix >= self.recover_end:\n",
+        rule="Fig. 7 with §3.4: a new sequencer serves only once every slot that may stand for an unproposed instance is decided",
+        description="the new sequencer acknowledges commands while R_m's next command can still take an earlier surplus slot",
     ),
     Mutant(
         name="serve-only-when-majority-moves",
@@ -433,13 +433,13 @@ MUTANTS: list[Mutant] = [
                 self._commit_oslots(prefix)
         # On the acked prefix, not on majority_prefix: an installed snapshot raises
         # that to its floor without a single OAck of this view (_raise_floor).
-        if self.phase == "recovering" and prefix >= self.recover_end:
+        if self.phase == "recovering" and prefix >= self.recover_end and not self._phantoms_pending():
             self._start_serving()
 """,
         new="""\
             if self.id == self.sequencer or self.n >= 7:
                 self._commit_oslots(prefix)
-            if self.phase == "recovering" and prefix >= self.recover_end:
+            if self.phase == "recovering" and prefix >= self.recover_end and not self._phantoms_pending():
                 self._start_serving()
 """,
         rule="liveness: a recovering sequencer serves once a majority acked recover_end, even if a snapshot already moved majority_prefix",

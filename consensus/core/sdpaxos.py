@@ -279,6 +279,8 @@ class SDPaxosReplica(ReplicaBase):
         # N = 5: we saw an O-accept of this view marked serving (its recovery is over);
         # until then our own slots of this view make nothing ready or executed.
         self.view_serving = False
+        # New sequencer (N = 5): (leader, inst) to decide before serving (_take_office).
+        self._phantoms: list[tuple[int, int]] = []
         self._vote_tick = 0
         # Reads
         self._next_rid = 0
@@ -755,6 +757,7 @@ class SDPaxosReplica(ReplicaBase):
                 self.send(dst, short if c.acks >> dst & 1 else full)
         self._check_ready()
         self._execute()
+        self._serve_if_decided()
 
     @handles(_handlers, CCommit)
     def _on_ccommit(self, src: int, m: CCommit) -> None:
@@ -779,6 +782,7 @@ class SDPaxosReplica(ReplicaBase):
         if m.leader == self.id:
             self._check_ready()
         self._execute()
+        self._serve_if_decided()
 
     @handles(_handlers, CRequest)
     def _on_crequest(self, src: int, m: CRequest) -> None:
@@ -988,8 +992,22 @@ class SDPaxosReplica(ReplicaBase):
                 self._commit_oslots(prefix)
         # On the acked prefix, not on majority_prefix: an installed snapshot raises
         # that to its floor without a single OAck of this view (_raise_floor).
-        if self.phase == "recovering" and prefix >= self.recover_end:
+        if self.phase == "recovering" and prefix >= self.recover_end and not self._phantoms_pending():
             self._start_serving()
+
+    def _phantoms_pending(self) -> bool:
+        """A new sequencer's O-slots that may stand for unproposed instances
+        (``_take_office``) whose C-instances are not decided yet."""
+        if self._phantoms:
+            self._phantoms = [
+                (l, k) for l, k in self._phantoms
+                if k >= self.floor_inst[l] and not getattr(self.clog[l].get(k), "committed", False)
+            ]
+        return bool(self._phantoms)
+
+    def _serve_if_decided(self) -> None:
+        if self.phase == "recovering" and self._phantoms and not self._phantoms_pending():
+            self._recompute_majority()
 
     # --- O-phase: acceptors and command leaders ------------------------------------
 
@@ -1464,8 +1482,9 @@ class SDPaxosReplica(ReplicaBase):
         best = pick_highest(reports, base)  # slot -> (view, leader, committed)
         log: dict[int, int] = {j: e[1] for j, e in best.items()}
         end = max(log) + 1 if log else base
+        filled = None
         if self.n == 5:
-            self._fig7(base, log, voters, {j for j, e in best.items() if e[2]})
+            filled = self._fig7(base, log, voters)
             end = max(log) + 1 if log else base
             if end == base:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
@@ -1492,6 +1511,18 @@ class SDPaxosReplica(ReplicaBase):
             del self.oslots[j]  # proposed by an old view and seen by no voter: void
         self._reset_prefix()
         self._rebuild_sequencer_state(end)
+        self._phantoms = []
+        if filled is not None:
+            # Slots name leaders by position: with the holes filled, a slot of R_m that
+            # a voter reported after them stands for an instance past C[m] + 1, which
+            # R_m may not have proposed yet. If R_m's next command took it, it would be
+            # ordered before commands we acknowledge meanwhile (§3.4). Decide those
+            # instances first (a no-op where R_m has nothing), and serve only then.
+            m, needed = filled
+            lo = max(needed, self.floor_inst[m])
+            self._phantoms = [(m, k) for k in range(lo, self.assigned[m])]
+            if self._phantoms_pending():
+                self._start_crecovery(m, lo, self.assigned[m] - 1)
         self.recover_end = end
         self.history = {}
         self.unknown_keys_slot = end - 1
@@ -1505,7 +1536,7 @@ class SDPaxosReplica(ReplicaBase):
             self._start_serving()
         self._ping()
 
-    def _fig7(self, base: int, log: dict[int, int], voters: list[int], chosen: set[int] = frozenset()) -> None:
+    def _fig7(self, base: int, log: dict[int, int], voters: list[int]) -> tuple[int, int] | None:
         """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
         replica R_m that neither voted nor was the last sequencer; give them to R_m
         until it owns as many slots as C-instances a voter accepted from it."""
@@ -1527,16 +1558,7 @@ class SDPaxosReplica(ReplicaBase):
         needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
         below = self.floor_inst[m] + sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
         fig7_fill(log, base, m, needed, below)
-        # Numbering is by position: a reported slot of R_m after the holes just filled
-        # now stands for a later C-instance, past C[m] + 1 (no voter saw it, so it is
-        # not ready and was executed nowhere). Left there, it would order a command
-        # R_m has not received yet before slots given to ready ones (linearizability,
-        # §3.4): no-cl it unless a voter reports it committed.
-        for j in sorted(log):
-            if log[j] == m:
-                below += 1
-                if below > needed and j not in chosen:
-                    log[j] = NOCL
+        return m, needed
 
     def _rebuild_sequencer_state(self, end: int) -> None:
         end = max(end, self.floor_slot)
@@ -1733,6 +1755,10 @@ class SDPaxosReplica(ReplicaBase):
 
     def _sequencer_tick(self) -> None:
         now = self.now
+        if self.phase == "recovering" and self._phantoms_pending():
+            m, lo = self._phantoms[0]
+            if m not in self.crec and now >= self._crec_after[m]:
+                self._start_crecovery(m, lo, self._phantoms[-1][1])
         if now % self.cfg.heartbeat_ticks == 0:
             self._ping()
         for dst in range(self.n):
