@@ -5,32 +5,9 @@ core, and checks the rule's consequence directly. With the fix reverted each tes
 fails (the mutation list in ``tools/mutants.py`` re-plants every one of them).
 """
 
-from consensus.sim import SimConfig, Simulation
-from consensus.sim.simulator import Client
+from .schedules import quiet, step_until
 
 S = 0  # the first sequencer
-
-
-def quiet(replicas=3, **kw):
-    cfg = SimConfig(replicas=replicas, rtt="lan", clients_per_site=0, seconds=6.0, **kw)
-    sim = Simulation(cfg)
-    sim.run(until_ms=1000)  # leases established by pings
-    replies = []
-    sim._on_reply = lambda cid, seq, result: replies.append((cid, seq, result))
-    for node in range(replicas):
-        sim.clients[100 + node] = Client(100 + node, node, active=False)
-    return sim, replies
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    """Advance in small steps until ``pred()`` holds; the time it did, or None."""
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
 
 
 def test_a_voter_keeps_its_lease_promise_in_every_view():
@@ -38,7 +15,7 @@ def test_a_voter_keeps_its_lease_promise_in_every_view():
     to the sequencer S still runs; R2's retried VRequest then comes in R1's own view.
     A vote there would elect R2 while S, cut off but with a valid lease, still serves
     reads locally: S would answer k=v1 after R2 acknowledged k=v2."""
-    sim, replies = quiet()
+    sim, replies = quiet(3)
     sim.nodes[1].propose(101, 1, ["put", "k", "v1"])
     sim._drain(1)
     sim.run(until_ms=1100)
@@ -77,7 +54,7 @@ def test_a_command_leader_counts_acks_of_one_ballot_only():
     resend of (b', no-op) reaches only R4, which acks. Counting R0's old ack for b
     with R3 and R4 for b' would make R3 choose the no-op with no quorum at any one
     ballot; R0 then recovers X: two values for one instance."""
-    sim, replies = quiet(replicas=5)
+    sim, replies = quiet(5)
     phase = {"now": "x"}
 
     def keep(src, dst, m):
@@ -126,7 +103,7 @@ def test_a_re_prepared_instance_is_ordered_with_its_keys():
     Without the instance's keys the sequencer's history table keeps k at the slot of
     k=v1, so a lease read of k at R0 returns v1 after k=v2 was acknowledged (R0 has
     not executed v2's slot: it never received that C-instance)."""
-    sim, replies = quiet()
+    sim, replies = quiet(3)
     sim.nodes[2].propose(102, 1, ["put", "k", "v1"])
     sim._drain(2)
     sim.run(until_ms=1100)
@@ -159,7 +136,7 @@ def test_fig7_finds_the_last_sequencer_through_its_voters():
     must see that R1 served (R1 could not serve before a majority took its
     O-accepts: R0 did, and says so in its vote) and give R4's slot back to R4
     (Fig. 7), or its next command takes R4's executed slot."""
-    sim, replies = quiet(replicas=5)
+    sim, replies = quiet(5)
     for node in (1, 2, 3):
         sim.nodes[node].propose(100 + node, 1, ["put", f"k{node}", "a"])
         sim._drain(node)

@@ -11,16 +11,7 @@ the first path is left.
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import step_until
 
 
 def test_a_command_leader_that_gave_way_still_decides_its_instance_when_the_recoverer_dies():

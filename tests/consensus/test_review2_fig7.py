@@ -15,35 +15,7 @@ on an ``OCommit`` of the committed prefix alone (``_on_ocommit`` -> ``_ack_o_vie
 
 import pytest
 
-from consensus.sim import SimConfig, Simulation
-from consensus.sim.simulator import Client
-
-NEVER = 10**9
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def quiet(replicas=5, **kw):
-    cfg = SimConfig(replicas=replicas, rtt="lan", clients_per_site=0, seconds=8.0, **kw)
-    sim = Simulation(cfg)
-    sim.run(until_ms=1000)
-    replies = []
-    sim._on_reply = lambda cid, seq, result: replies.append((cid, seq, result))
-    for node in range(replicas):
-        sim.clients[100 + node] = Client(100 + node, node, active=False)
-    return sim, replies
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import NEVER, RuleBroken, quiet, step_until
 
 
 @pytest.mark.parametrize("restart_r2", [False, True], ids=["live", "r2-restarted"])
@@ -72,7 +44,7 @@ def test_fig7_misses_r_m_when_r_m_was_the_last_never_serving_sequencer(restart_r
     Fixed: a replica OAcks a view only after taking one of its O-accepts
     (``_may_ack``), and o_view is durable through "AV" records only.
     """
-    sim, replies = quiet()
+    sim, replies = quiet(seconds=8.0)
     phase = {"p": "warm"}
 
     def keep(src, dst, m):
@@ -173,7 +145,7 @@ def test_fig7_misses_r_m_slots_below_the_base_of_its_own_view():
     Fixed: ``take_snapshot`` waits while an executed slot is not yet committed, so
     R4 keeps j..j+3 in its log (and in L's recovered log).
     """
-    sim, replies = quiet(snapshot_every=2)
+    sim, replies = quiet(seconds=8.0, snapshot_every=2)
     phase = {"p": "warm"}
 
     def keep(src, dst, m):

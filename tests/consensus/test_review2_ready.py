@@ -19,22 +19,7 @@ serving (``view_serving``); R4 does not answer X while view L recovers.
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
-
-NEVER = 10**9
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import NEVER, RuleBroken, step_until
 
 
 def test_r_m_acknowledges_on_a_view_that_never_served():

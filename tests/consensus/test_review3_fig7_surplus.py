@@ -17,38 +17,9 @@ O-instances. Its corner case (R_m committed O_j but no voter saw C_m^i) lets *R_
 accept a no-cl over a slot it marked committed, and only when no voter saw O_j.
 """
 
-import pytest
 
 from consensus.core.config import NOCL
-from consensus.sim import SimConfig, Simulation
-from consensus.sim.simulator import Client
-
-NEVER = 10**9
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def quiet(replicas=5, **kw):
-    cfg = SimConfig(replicas=replicas, rtt="lan", clients_per_site=0, seconds=8.0, **kw)
-    sim = Simulation(cfg)
-    sim.run(until_ms=1000)
-    replies = []
-    sim._on_reply = lambda cid, seq, result: replies.append((cid, seq, result))
-    for node in range(replicas):
-        sim.clients[100 + node] = Client(100 + node, node, active=False)
-    return sim, replies
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import NEVER, RuleBroken, quiet, step_until
 
 
 def test_fig7_surplus_rule_replaces_a_slot_the_old_sequencer_committed():
@@ -65,7 +36,7 @@ def test_fig7_surplus_rule_replaces_a_slot_the_old_sequencer_committed():
     4. Heal. R4's X is C-committed with the voters' acks and gets a fresh slot j2 > j.
        R0 keeps j -> R4 committed, executes X at j: the logs disagree at j.
     """
-    sim, replies = quiet()
+    sim, replies = quiet(seconds=8.0)
     phase = {"p": "warm"}
 
     def keep(src, dst, m):

@@ -14,20 +14,7 @@ while the promises came in (the test fails with that check removed).
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import RuleBroken, step_until
 
 
 def test_own_re_prepare_accepts_below_its_promise():

@@ -15,33 +15,7 @@ reach only that command leader, no voter reports the view, so the next candidate
 
 from consensus.sim import SimConfig, Simulation
 from consensus.sim.simulator import Client
-
-NEVER = 10**9
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def quiet(replicas=5, **kw):
-    cfg = SimConfig(replicas=replicas, rtt="lan", clients_per_site=0, seconds=6.0, **kw)
-    sim = Simulation(cfg)
-    sim.run(until_ms=1000)
-    replies = []
-    sim._on_reply = lambda cid, seq, result: replies.append((cid, seq, result))
-    for node in range(replicas):
-        sim.clients[100 + node] = Client(100 + node, node, active=False)
-    return sim, replies
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import NEVER, RuleBroken, quiet, step_until
 
 
 def test_fig7_misses_a_view_that_never_served_but_made_r_m_execute():

@@ -20,31 +20,7 @@ Each test fails with its fix removed.
 """
 
 from consensus.sim import SimConfig, Simulation
-from consensus.sim.simulator import Client
-
-NEVER = 10**9
-
-
-class RuleBroken(AssertionError):
-    """The safety rule under review does not hold (the preconditions did)."""
-
-
-def attach_clients(sim, n):
-    replies = []
-    sim._on_reply = lambda cid, seq, result: replies.append((cid, seq, result))
-    for node in range(n):
-        sim.clients[100 + node] = Client(100 + node, node, active=False)
-    return replies
-
-
-def step_until(sim, pred, start_ms, limit_ms, step_ms=1.0):
-    t = start_ms
-    while t < limit_ms:
-        t += step_ms
-        sim.run(until_ms=t)
-        if pred():
-            return t
-    return None
+from .schedules import NEVER, RuleBroken, attach_clients, step_until
 
 
 def serving(node):
