@@ -445,6 +445,14 @@ MUTANTS: list[Mutant] = [
         rule="liveness: a recovering sequencer serves once a majority acked recover_end, even if a snapshot already moved majority_prefix",
         description="the serve check runs only when majority_prefix moves; a snapshot past recover_end leaves the sequencer recovering forever",
     ),
+    Mutant(
+        name="o-view-from-partial-recovered-log",
+        file=SDP,
+        old="        if m.view > self.o_view and self.o_prefix >= m.recover_end:\n",
+        new="        if m.view > self.o_view:\n",
+        rule="Fig. 7: o_view names a view only once the replica holds its whole recovered log",
+        description="a replica that took a later chunk of a recovered log reports the view; the lost chunk's slots become holes",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -154,7 +154,7 @@ class CPromise(Message):
 # --- O-instances -----------------------------------------------------------------
 
 
-@_message(10, _INT, _INT, _LIST, _BOOL)
+@_message(10, _INT, _INT, _LIST, _BOOL, _INT)
 class OAccept(Message):
     """Phase 2a of O-slots ``start .. start+len(leaders)-1`` at ballot ``view``.
 
@@ -162,12 +162,16 @@ class OAccept(Message):
     ``serving``: the sequencer serves this view (a majority took its recovery
     O-accepts); only then may a command leader named here commit on it alone (the
     N = 5 fast path), since only then does every later majority know the view.
+    ``recover_end``: the end of the sequencer's recovered log; a replica takes the view
+    as its ``o_view`` only once it holds every slot below it (the log may come in
+    several messages).
     """
 
     view: int
     start: int
     leaders: list
     serving: bool
+    recover_end: int
 
 
 @_message(11, _INT, _INT)

@@ -958,7 +958,7 @@ class SDPaxosReplica(ReplicaBase):
         self.persist(["O", self.view, start, leaders])
         self._advance_o_prefix()
         for lo in range(0, len(leaders), OSLOTS_PER_MSG_MAX):
-            msg = OAccept(self.view, start + lo, leaders[lo : lo + OSLOTS_PER_MSG_MAX], self.phase == "normal")
+            msg = OAccept(self.view, start + lo, leaders[lo : lo + OSLOTS_PER_MSG_MAX], self.phase == "normal", self.recover_end)
             for dst in range(self.n):
                 if dst != self.id:
                     self.send(dst, msg)
@@ -1048,9 +1048,6 @@ class SDPaxosReplica(ReplicaBase):
             self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
-        if m.view > self.o_view:
-            self.o_view = m.view
-            self.persist(["AV", m.view])  # we took this view's O-accepts
         if fresh:
             self.persist(["O", m.view, m.start, m.leaders])
         if m.serving and not self.view_serving:
@@ -1059,6 +1056,11 @@ class SDPaxosReplica(ReplicaBase):
             self._recount_mine()
         old = self.o_prefix
         self._advance_o_prefix()
+        if m.view > self.o_view and self.o_prefix >= m.recover_end:
+            # We hold the view's whole recovered log (accepted in it, or committed):
+            # only now do we report the view as ours in a view change (Fig. 7).
+            self.o_view = m.view
+            self.persist(["AV", m.view])
         if self.n == 3:
             self._commit_oslots(self.o_prefix)
         elif self.n >= 7:
@@ -1067,7 +1069,7 @@ class SDPaxosReplica(ReplicaBase):
             if end > self.acked[src]:
                 self.acked[src] = end
             self._recompute_majority()
-        if self.o_prefix > old or not fresh:
+        if (self.o_prefix > old or not fresh) and self._may_ack():
             ack = OAck(self.view, self.o_prefix)
             # The sequencer waits on acks only for its own slots; others can ride later.
             self.send(self.sequencer, ack, lazy=not named_seq and self.phase == "normal")
@@ -1780,7 +1782,7 @@ class SDPaxosReplica(ReplicaBase):
                     start = self.floor_slot
                 if start < self.next_slot:
                     leaders = [self.oslots[j].leader for j in range(start, min(self.next_slot, start + OSLOTS_PER_MSG_MAX))]
-                    self.send(dst, OAccept(self.view, start, leaders, self.phase == "normal"))
+                    self.send(dst, OAccept(self.view, start, leaders, self.phase == "normal", self.recover_end))
                 self._oaccept_tick[dst] = now
             # The committed prefix, when it moved and as a heartbeat.
             upto = self.o_committed

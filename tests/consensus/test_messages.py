@@ -15,7 +15,7 @@ SAMPLES = [
     M.CRequest(2, 1, 9, ["k"]),
     M.CPrepare(0, 1, 2, 65, 9),
     M.CPromise(0, 1, 65, True, [[2, 33, None, False]]),
-    M.OAccept(3, 10, [0, 1, -1, 2], True),
+    M.OAccept(3, 10, [0, 1, -1, 2], True, 8),
     M.OAck(3, 14),
     M.OCommit(3, 14, 12, [1, 2]),
     M.Forward(0, [["c", 1, ["get", "k"]]]),

@@ -50,7 +50,7 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     old_view = r.view
     # View 3: the old sequencer ordered R0:0 at slot 0, R2:0 at slot 1, R2:1 at slot 2;
     # only the O-accept of slot 2 reached R1. No voter accepted R2's C-instance 1.
-    r.step(OLD_SEQ, [OAccept(old_view, 2, [R_M], True)])
+    r.step(OLD_SEQ, [OAccept(old_view, 2, [R_M], True, 0)])
     r.ready()
     r._start_election()
     view = r.view
