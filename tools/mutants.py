@@ -380,7 +380,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="ack-without-taking-o-accepts",
         file=SDP,
-        old="        return self.o_view >= self.view\n",
+        old="        return self.o_view >= self.view or self.o_prefix < self._recover_end_seen\n",
         new="        return True\n",
         rule="Fig. 7: a replica OAcks a view only after taking one of its O-accepts, so a view that serves is known to every majority",
         description="OAcks on a Compacted notice or an O-commit alone let a view serve (or raise no o_view) unseen",
@@ -452,6 +452,22 @@ MUTANTS: list[Mutant] = [
         new="        if m.view > self.o_view:\n",
         rule="Fig. 7: o_view names a view only once the replica holds its whole recovered log",
         description="a replica that took a later chunk of a recovered log reports the view; the lost chunk's slots become holes",
+    ),
+    Mutant(
+        name="commit-past-open-phantom",
+        file=SDP,
+        old="            prefix = min(prefix, self._phantom_slot)\n",
+        new="            pass\n",
+        rule="§3.4 with Fig. 7: nothing after a slot that may stand for an unproposed instance commits or becomes ready",
+        description="a recovering sequencer acknowledges its own command after an open phantom slot",
+    ),
+    Mutant(
+        name="ack-only-with-whole-log",
+        file=SDP,
+        old="        return self.o_view >= self.view or self.o_prefix < self._recover_end_seen\n",
+        new="        return self.o_view >= self.view\n",
+        rule="liveness: a replica that lacks part of a recovered log acks its prefix so the sequencer resends from there",
+        description="a peer more than one O-accept message behind the recovered log's end never acks and never catches up",
     ),
 ]
 

@@ -279,8 +279,10 @@ class SDPaxosReplica(ReplicaBase):
         # N = 5: we saw an O-accept of this view marked serving (its recovery is over);
         # until then our own slots of this view make nothing ready or executed.
         self.view_serving = False
+        self._recover_end_seen = -1  # this view's recovered-log end, from its O-accepts
         # New sequencer (N = 5): (leader, inst) to decide before serving (_take_office).
         self._phantoms: list[tuple[int, int]] = []
+        self._phantom_slot = 0
         self._vote_tick = 0
         # Reads
         self._next_rid = 0
@@ -982,6 +984,10 @@ class SDPaxosReplica(ReplicaBase):
         self.acked[self.id] = self.o_prefix
         prefix = sorted(self.acked, reverse=True)[self.quorum - 1]
         prefix = min(prefix, self.o_prefix)  # we must hold the values we commit
+        if self._phantoms and self._phantoms_pending():
+            # Nothing at or after a slot that may stand for an unproposed instance
+            # commits (or makes anything ready) until that instance is decided.
+            prefix = min(prefix, self._phantom_slot)
         if prefix > self.majority_prefix:
             me = self.id
             for j in range(self.majority_prefix, prefix):
@@ -994,6 +1000,17 @@ class SDPaxosReplica(ReplicaBase):
         # that to its floor without a single OAck of this view (_raise_floor).
         if self.phase == "recovering" and prefix >= self.recover_end and not self._phantoms_pending():
             self._start_serving()
+
+    def _slot_of(self, leader: int, inst: int) -> int:
+        """The O-slot that stands for ``leader``'s C-instance ``inst`` (by position)."""
+        seen = self.floor_inst[leader]
+        for j in range(self.floor_slot, self.next_slot):
+            slot = self.oslots.get(j)
+            if slot is not None and slot.leader == leader:
+                if seen == inst:
+                    return j
+                seen += 1
+        return self.next_slot
 
     def _phantoms_pending(self) -> bool:
         """A new sequencer's O-slots that may stand for unproposed instances
@@ -1050,6 +1067,7 @@ class SDPaxosReplica(ReplicaBase):
             named_seq = named_seq or leader == self.sequencer
         if fresh:
             self.persist(["O", m.view, m.start, m.leaders])
+        self._recover_end_seen = m.recover_end
         if m.serving and not self.view_serving:
             self.view_serving = True  # our slots of this view in the prefix count now
         if replaced:
@@ -1153,11 +1171,12 @@ class SDPaxosReplica(ReplicaBase):
             self.send(src, OAck(self.view, self.o_prefix), lazy=True)
 
     def _may_ack(self) -> bool:
-        """An OAck of this view only once we took one of its O-accepts (o_view): a
-        view serves on a majority of OAcks, and Fig. 7 needs every later majority to
-        hold a voter that took what its sequencer proposed. Commits and Compacted
-        notices alone earn no OAck; the sequencer's resent O-accepts do."""
-        return self.o_view >= self.view
+        """An OAck that may count towards serving (its prefix reaches the view's
+        recovered log's end) only once we hold that whole log (o_view): a view serves
+        on a majority of such acks, and Fig. 7 needs every later majority to hold a
+        voter that took it. An ack below the end counts for nothing there; it tells
+        the sequencer where to resend from."""
+        return self.o_view >= self.view or self.o_prefix < self._recover_end_seen
 
     def _recount_mine(self) -> None:
         """Recompute the counts derived from the O-log after values were replaced."""
@@ -1310,6 +1329,7 @@ class SDPaxosReplica(ReplicaBase):
         self.view = view
         self.sequencer = ballot_owner(view)
         self.view_serving = False
+        self._recover_end_seen = -1
         self.persist(["V", view])
         # A view we own but did not win in this incarnation: never act as its
         # sequencer (we skipped phase 1); elect ourselves properly instead.
@@ -1417,6 +1437,7 @@ class SDPaxosReplica(ReplicaBase):
         self.view = view
         self.sequencer = self.id
         self.view_serving = False
+        self._recover_end_seen = -1
         self.phase = "candidate"
         self.persist(["V", view])
         self.votes = {}
@@ -1524,6 +1545,7 @@ class SDPaxosReplica(ReplicaBase):
             lo = max(needed, self.floor_inst[m])
             self._phantoms = [(m, k) for k in range(lo, self.assigned[m])]
             if self._phantoms_pending():
+                self._phantom_slot = self._slot_of(m, lo)
                 self._start_crecovery(m, lo, self.assigned[m] - 1)
         self.recover_end = end
         self.history = {}
@@ -1757,10 +1779,13 @@ class SDPaxosReplica(ReplicaBase):
 
     def _sequencer_tick(self) -> None:
         now = self.now
-        if self.phase == "recovering" and self._phantoms_pending():
-            m, lo = self._phantoms[0]
-            if m not in self.crec and now >= self._crec_after[m]:
-                self._start_crecovery(m, lo, self._phantoms[-1][1])
+        if self.phase == "recovering":
+            if self._phantoms_pending():
+                m, lo = self._phantoms[0]
+                if m not in self.crec and now >= self._crec_after[m]:
+                    self._start_crecovery(m, lo, self._phantoms[-1][1])
+            else:
+                self._recompute_majority()  # a snapshot may have decided the last one
         if now % self.cfg.heartbeat_ticks == 0:
             self._ping()
         for dst in range(self.n):

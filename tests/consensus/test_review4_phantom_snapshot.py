@@ -12,14 +12,16 @@ calls ``_recompute_majority`` then, and the next ``_sequencer_tick`` empties
 either. If every live peer already acked the whole recovered log, no OAck ever raises
 an acked prefix again: the view never serves, every C-request stays deferred, and the
 live peers keep hearing pings, so nobody elects.
+
+Fixed: a recovering sequencer re-checks serving on every tick; and since nothing
+after an open phantom slot commits, the snapshot path no longer arises here. The test
+now requires that R1 serves after the heal whichever way the phantom is decided.
 """
 
-import pytest
 
 from .schedules import NEVER, RuleBroken, quiet, step_until
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken, reason="install_snapshot decides the last phantom but nothing re-checks serving (a850b8f)")
 def test_a_phantom_decided_by_a_snapshot_never_lets_the_view_serve():
     """N=5, LAN, snapshot every slot. R0 serves view 0; R4 = R_m; R1 stands, R2 and R3
     vote. R0 is cut off (and stays so: one replica down); R4 is cut off for the view
@@ -86,8 +88,9 @@ def test_a_phantom_decided_by_a_snapshot_never_lets_the_view_serve():
     assert t is not None, "R4 joined view 1"
     r4.propose(104, 2, ["put", "a", "X"])
     sim._drain(4)
-    t = step_until(sim, lambda: r1.stats["snapshots_installed"] > 0 or r1.phase == "normal", t, t + 5000, step_ms=5)
-    assert t is not None, "R1 served or installed a snapshot"
+    # (Since the fix, R2 cannot compact past the phantom: nothing after it commits
+    # while it is open. R1 then neither serves nor installs before the heal.)
+    t = step_until(sim, lambda: r1.stats["snapshots_installed"] > 0 or r1.phase == "normal", t, t + 5000, step_ms=5) or t + 5000
     installed = r1.stats["snapshots_installed"] > 0 and r1.floor_inst[4] > 1
     # The C-commits to R1 stay lost until its next tick has looked at the phantoms.
     t = step_until(sim, lambda: not r1._phantoms, t, t + 100) or t + 100
@@ -102,7 +105,7 @@ def test_a_phantom_decided_by_a_snapshot_never_lets_the_view_serve():
     served = step_until(sim, lambda: r1.phase == "normal", t, t + 30_000, step_ms=50)
     sim.run(until_ms=t0 + 30_000)
     acked = sorted(seq for cid, seq, _ in replies if cid == 104 and seq >= 3)
-    if installed and (served is None or len(acked) < 5):
+    if served is None or len(acked) < 5:
         raise RuleBroken(
             f"R1 installed a snapshot past phantom C_4^1 at {t0} ms with R2, R3, R4 acked at "
             f"recover_end; 30 s later R1 is {r1.phase} in view {r1.view} (views {[n.view for n in sim.nodes if n]}), "
