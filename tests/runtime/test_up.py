@@ -13,7 +13,9 @@ from store.client import CellarClient
 
 
 async def test_up_prints_addresses_serves_and_stops_on_ctrl_c(tmp_path):
-    base = random.Random().randrange(20000, 40000)
+    # Below the ephemeral range (32768+ on Linux), where outgoing connections of other
+    # tests and processes could already hold one of our ports.
+    base = random.Random().randrange(10000, 32000)
     proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--replicas", "3", "--dir", str(tmp_path),
                              "--base-port", str(base)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
