@@ -7,8 +7,8 @@ proposed is acknowledged. But the phantom set is that sequencer's private state.
 loses office before the phantom is decided, the next sequencer inherits the slot (the
 voters report it, accepted in the previous view) without knowing it is a phantom: its
 own Fig. 7 runs against the previous view's sequencer, names a different R_m (or none),
-and so commits past the slot, serves, and acknowledges a command ordered after it. R_m's next command then takes the phantom instance, and so
-the earlier slot.
+and so commits past the slot, serves, and acknowledges a command ordered after it.
+R_m's next command then takes the phantom instance, and so the earlier slot.
 """
 
 import pytest
