@@ -423,7 +423,9 @@ MUTANTS: list[Mutant] = [
         old="        if self.phase == \"recovering\" and prefix >= self.recover_end and not self._phantoms_pending():\n",
         new="        if self.phase == \"recovering\" and prefix >= self.recover_end:\n",
         rule="Fig. 7 with §3.4: a new sequencer serves only once every slot that may stand for an unproposed instance is decided",
-        description="the new sequencer acknowledges commands while R_m's next command can still take an earlier surplus slot",
+        description="the new sequencer acknowledges commands while R_m's next command can still take an earlier surplus slot "
+        "(equivalent since 0b91220: the commit cap at the first phantom slot, which lies inside the recovered log, "
+        "already keeps the acked prefix below recover_end; kept as defence in depth)",
     ),
     Mutant(
         name="serve-only-when-majority-moves",
@@ -468,6 +470,14 @@ MUTANTS: list[Mutant] = [
         new="        return self.o_view >= self.view\n",
         rule="liveness: a replica that lacks part of a recovered log acks its prefix so the sequencer resends from there",
         description="a peer more than one O-accept message behind the recovered log's end never acks and never catches up",
+    ),
+    Mutant(
+        name="no-phantoms",
+        file=SDP,
+        old="                self._phantoms += [(leader, k) for k in range(lo, self.assigned[leader])]\n",
+        new="                pass\n",
+        rule="§3.4 with Fig. 7: every slot past the instances any voter accepted from its leader is decided before it is served past",
+        description="a new sequencer works out no phantom instances: a leader's next command can take a slot before acknowledged ones",
     ),
 ]
 

@@ -1001,6 +1001,14 @@ class SDPaxosReplica(ReplicaBase):
         if self.phase == "recovering" and prefix >= self.recover_end and not self._phantoms_pending():
             self._start_serving()
 
+    def _recover_phantoms(self) -> None:
+        """C-recover each leader's open phantom instances (not already recovering)."""
+        for leader in sorted({l for l, _ in self._phantoms}):
+            if leader in self.crec or self.now < self._crec_after[leader]:
+                continue
+            insts = [k for l, k in self._phantoms if l == leader]
+            self._start_crecovery(leader, insts[0], insts[-1])
+
     def _slot_of(self, leader: int, inst: int) -> int:
         """The O-slot that stands for ``leader``'s C-instance ``inst`` (by position)."""
         seen = self.floor_inst[leader]
@@ -1505,9 +1513,8 @@ class SDPaxosReplica(ReplicaBase):
         best = pick_highest(reports, base)  # slot -> (view, leader, committed)
         log: dict[int, int] = {j: e[1] for j, e in best.items()}
         end = max(log) + 1 if log else base
-        filled = None
         if self.n == 5:
-            filled = self._fig7(base, log, voters)
+            self._fig7(base, log, voters)
             end = max(log) + 1 if log else base
             if end == base:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
@@ -1535,18 +1542,21 @@ class SDPaxosReplica(ReplicaBase):
         self._reset_prefix()
         self._rebuild_sequencer_state(end)
         self._phantoms = []
-        if filled is not None:
-            # Slots name leaders by position: with the holes filled, a slot of R_m that
-            # a voter reported after them stands for an instance past C[m] + 1, which
-            # R_m may not have proposed yet. If R_m's next command took it, it would be
-            # ordered before commands we acknowledge meanwhile (§3.4). Decide those
-            # instances first (a no-op where R_m has nothing), and serve only then.
-            m, needed = filled
-            lo = max(needed, self.floor_inst[m])
-            self._phantoms = [(m, k) for k in range(lo, self.assigned[m])]
+        if self.n == 5:
+            # Slots name leaders by position: a slot of leader l past every instance a
+            # voter accepted from l (C[l]) may stand for an instance l has not proposed
+            # yet (a Fig. 7 fill shifts the numbering, this view's or an earlier one's
+            # that never served). If l's next command took it, it would be ordered
+            # before commands we acknowledge meanwhile (§3.4). Decide those instances
+            # first (a no-op where l has nothing); nothing after the first of them
+            # commits, and we serve only then.
+            for leader in range(self.n):
+                known = max([self.c_max[leader]] + [v.c_max[leader] for v in self.votes.values()])
+                lo = max(known + 1, self.floor_inst[leader])
+                self._phantoms += [(leader, k) for k in range(lo, self.assigned[leader])]
             if self._phantoms_pending():
-                self._phantom_slot = self._slot_of(m, lo)
-                self._start_crecovery(m, lo, self.assigned[m] - 1)
+                self._phantom_slot = min(self._slot_of(l, k) for l, k in self._phantoms)
+                self._recover_phantoms()
         self.recover_end = end
         self.history = {}
         self.unknown_keys_slot = end - 1
@@ -1781,9 +1791,7 @@ class SDPaxosReplica(ReplicaBase):
         now = self.now
         if self.phase == "recovering":
             if self._phantoms_pending():
-                m, lo = self._phantoms[0]
-                if m not in self.crec and now >= self._crec_after[m]:
-                    self._start_crecovery(m, lo, self._phantoms[-1][1])
+                self._recover_phantoms()
             else:
                 self._recompute_majority()  # a snapshot may have decided the last one
         if now % self.cfg.heartbeat_ticks == 0:
