@@ -40,3 +40,31 @@ def step_until(sim: Simulation, pred, start_ms: float, limit_ms: float, step_ms:
         if pred():
             return t
     return None
+
+
+def exec_order(sim: Simulation, ids: set) -> dict:
+    """Position of each command id in the merged executed log (first incarnation that has it)."""
+    pos: dict = {}
+    for log in sim.exec_logs:
+        k = 0
+        for _label, cmds in log:
+            for cmd in cmds:
+                if cmd in ids and cmd not in pos:
+                    pos[cmd] = k
+            k += 1
+    return pos
+
+
+def hole_then_writes(sim: Simulation, phase: dict, z_node: int) -> int:
+    """N=5 phantom set-up (test_review4..6): with ``phase["p"] = "hide"`` the caller's
+    filter loses R0's O-accept of slot h; R0 writes H (slot h), R4 writes W (h+1),
+    ``z_node`` writes a=Z (h+2). Returns h."""
+    r0 = sim.nodes[0]
+    h = phase["h"] = r0.next_slot
+    phase["p"] = "hide"
+    for node, cid, op, until in ((0, 100, ["put", "h", "H"], 1110), (4, 104, ["put", "w", "W"], 1120),
+                                 (z_node, 100 + z_node, ["put", "a", "Z"], 1140)):
+        sim.nodes[node].propose(cid, 1, op)
+        sim._drain(node)
+        sim.run(until_ms=until)
+    return h

@@ -19,20 +19,7 @@ or after its slot (_recompute_majority caps at _phantom_slot).
 """
 
 
-from .schedules import NEVER, RuleBroken, quiet, step_until
-
-
-def _order(sim, ids):
-    """Position of each command id in the merged executed log (first incarnation that has it)."""
-    pos = {}
-    for log in sim.exec_logs:
-        k = 0
-        for _label, cmds in log:
-            for cmd in cmds:
-                if cmd in ids and cmd not in pos:
-                    pos[cmd] = k
-            k += 1
-    return pos
+from .schedules import NEVER, RuleBroken, exec_order, hole_then_writes, quiet, step_until
 
 
 def test_a_recovering_sequencer_acknowledges_a_command_after_an_open_phantom_slot():
@@ -74,17 +61,7 @@ def test_a_recovering_sequencer_acknowledges_a_command_after_an_open_phantom_slo
     sim.run(until_ms=1100)
     r0, r1, r4 = sim.nodes[0], sim.nodes[1], sim.nodes[4]
     assert r0.sequencer == 0 and r0.phase == "normal"
-    h = phase["h"] = r0.next_slot
-    phase["p"] = "hide"
-    r0.propose(100, 1, ["put", "h", "H"])
-    sim._drain(0)
-    sim.run(until_ms=1110)
-    r4.propose(104, 1, ["put", "w", "W"])
-    sim._drain(4)
-    sim.run(until_ms=1120)
-    r1.propose(101, 1, ["put", "a", "Z"])
-    sim._drain(1)
-    sim.run(until_ms=1140)
+    h = hole_then_writes(sim, phase, z_node=1)
     assert [getattr(r0.oslots.get(h + k), "leader", None) for k in range(3)] == [0, 4, 1]
     assert all(h not in sim.nodes[r].oslots and sim.nodes[r].oslots[h + 2].leader == 1 for r in (1, 2, 3))
     assert all(sim.nodes[r].c_max[4] == 0 for r in (1, 2, 3)) and not acked_at
@@ -114,7 +91,7 @@ def test_a_recovering_sequencer_acknowledges_a_command_after_an_open_phantom_slo
     for r in (2, 3):
         sim.nodes[r].election_due = sim.nodes[r]._election_deadline()
     sim.run()
-    pos = _order(sim, {(101, 1), (104, 2)})
+    pos = exec_order(sim, {(101, 1), (104, 2)})
     assert (101, 1) in pos and (104, 2) in pos, "both writes executed"
     values = {sim.nodes[r].executor.sm.data.get("a") for r in range(5) if sim.nodes[r] is not None}
     if z_while_open and z_acked < x_invoked and pos[(104, 2)] < pos[(101, 1)]:

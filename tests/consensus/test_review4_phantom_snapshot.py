@@ -19,7 +19,7 @@ now requires that R1 serves after the heal whichever way the phantom is decided.
 """
 
 
-from .schedules import NEVER, RuleBroken, quiet, step_until
+from .schedules import NEVER, RuleBroken, hole_then_writes, quiet, step_until
 
 
 def test_a_phantom_decided_by_a_snapshot_never_lets_the_view_serve():
@@ -60,17 +60,7 @@ def test_a_phantom_decided_by_a_snapshot_never_lets_the_view_serve():
     sim.run(until_ms=1100)
     r0, r1, r2, r4 = sim.nodes[0], sim.nodes[1], sim.nodes[2], sim.nodes[4]
     assert r0.sequencer == 0 and r0.phase == "normal"
-    h = phase["h"] = r0.next_slot
-    phase["p"] = "hide"
-    r0.propose(100, 1, ["put", "h", "H"])
-    sim._drain(0)
-    sim.run(until_ms=1110)
-    r4.propose(104, 1, ["put", "w", "W"])
-    sim._drain(4)
-    sim.run(until_ms=1120)
-    r1.propose(101, 1, ["put", "a", "Z"])
-    sim._drain(1)
-    sim.run(until_ms=1140)
+    h = hole_then_writes(sim, phase, z_node=1)
     assert all(h not in sim.nodes[r].oslots for r in (1, 2, 3))
     sim.net.isolate(0)
     sim.net.isolate(4)

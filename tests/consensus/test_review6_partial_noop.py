@@ -13,19 +13,7 @@ before Z.
 
 import pytest
 
-from .schedules import NEVER, RuleBroken, quiet, step_until
-
-
-def _order(sim, ids):
-    pos = {}
-    for log in sim.exec_logs:
-        k = 0
-        for _label, cmds in log:
-            for cmd in cmds:
-                if cmd in ids and cmd not in pos:
-                    pos[cmd] = k
-            k += 1
-    return pos
+from .schedules import NEVER, RuleBroken, exec_order, hole_then_writes, quiet, step_until
 
 
 @pytest.mark.xfail(strict=True, raises=RuleBroken)
@@ -72,17 +60,7 @@ def test_a_partial_phantom_noop_hides_the_phantom_from_the_next_view():
     sim.run(until_ms=1100)
     r0, r1, r2, r3, r4 = sim.nodes
     assert r0.sequencer == 0 and r0.phase == "normal"
-    h = phase["h"] = r0.next_slot
-    phase["p"] = "hide"
-    r0.propose(100, 1, ["put", "h", "H"])
-    sim._drain(0)
-    sim.run(until_ms=1110)
-    r4.propose(104, 1, ["put", "w", "W"])
-    sim._drain(4)
-    sim.run(until_ms=1120)
-    r2.propose(102, 1, ["put", "a", "Z"])
-    sim._drain(2)
-    sim.run(until_ms=1140)
+    h = hole_then_writes(sim, phase, z_node=2)
     assert [getattr(r0.oslots.get(h + k), "leader", None) for k in range(3)] == [0, 4, 2]
     assert not acked_at
     # View 1: R1, phantom C_4^1 at h+1; its no-op reaches R2 only.
@@ -135,7 +113,7 @@ def test_a_partial_phantom_noop_hides_the_phantom_from_the_next_view():
     for r in range(5):
         sim.nodes[r].election_due = sim.nodes[r]._election_deadline()
     sim.run()
-    pos = _order(sim, {(102, 1), (104, 2)})
+    pos = exec_order(sim, {(102, 1), (104, 2)})
     assert (102, 1) in pos and (104, 2) in pos, "both writes executed"
     values = {sim.nodes[r].executor.sm.data.get("a") for r in range(5) if sim.nodes[r] is not None}
     if open_at_ack and acked_at[(102, 1)] < x_invoked and pos[(104, 2)] < pos[(102, 1)]:
