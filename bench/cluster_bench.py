@@ -10,6 +10,7 @@ matters is the ratio, measured side by side. Nothing here asserts a time.
     cellar bench                                   # 3 replicas, 256 sessions, 5 s, 2 rounds
     cellar bench --sessions 1024 --seconds 10 --rounds 3 --json
     cellar bench --plot bench.png                  # throughput and latency bars (matplotlib)
+    cellar bench --machine scheduler               # the replicated HiveD scheduler (bench/scheduler_bench.py)
 """
 
 from __future__ import annotations
@@ -121,17 +122,49 @@ def _print_summary(result: dict) -> None:
 
 
 @click.command("bench")
+@click.option("--machine", type=click.Choice(["kv", "scheduler"]), default="kv", show_default=True,
+              help="kv: SDPaxos vs Multi-Paxos writes. scheduler: allocations+releases through the replicated "
+                   "HiveD scheduler (HTTP and embedded) vs the state machine alone (bench/scheduler_bench.py).")
 @click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
-@click.option("--sessions", type=click.IntRange(1, 100_000), default=256, show_default=True, help="Concurrent closed-loop clients.")
-@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True)
+@click.option("--sessions", "--clients", "sessions", type=click.IntRange(1, 100_000), default=None,
+              help="Concurrent closed-loop clients [default: 256 kv, 64 scheduler].")
+@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True,
+              help="Measured seconds (per protocol and round; per mode with --machine scheduler).")
 @click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True)
-@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True)
-@click.option("--value-bytes", type=click.IntRange(8, 1 << 20), default=16, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True, help="kv only.")
+@click.option("--value-bytes", type=click.IntRange(8, 1 << 20), default=16, show_default=True, help="kv only.")
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
+@click.option("--modes", default="machine,embedded,http", show_default=True,
+              help="scheduler only: which of machine, embedded, http to run, in order.")
+@click.option("--nodes", type=click.IntRange(16, 1 << 16), default=1024, show_default=True,
+              help="scheduler only: 8-GPU nodes of the generated HiveD cluster (a multiple of 16).")
+@click.option("--vcs", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="scheduler only: virtual clusters sharing it.")
+@click.option("--machine-ops", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
+              help="scheduler only: commands applied by the state machine alone.")
+@click.option("--seed", type=int, default=1, show_default=True, help="scheduler only: workload seed.")
+@click.option("--quiet", is_flag=True, help="scheduler only: no progress lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the medians.")
-def bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, as_json, plot_path) -> None:
-    """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run."""
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the medians (kv).")
+def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
+          seed, quiet, as_json, plot_path) -> None:
+    """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
+    with --machine scheduler, allocations+releases per second through the replicated
+    scheduler over HTTP and embedded, beside the state machine alone."""
+    if machine == "scheduler":
+        from bench import scheduler_bench
+
+        chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+        bad = [m for m in chosen if m not in scheduler_bench.MODES]
+        if bad or not chosen:
+            raise click.BadParameter(f"{','.join(bad) or modes!r}: choose from {', '.join(scheduler_bench.MODES)}",
+                                     param_hint="--modes")
+        if plot_path:
+            raise click.BadParameter("--plot draws the kv benchmark only", param_hint="--plot")
+        scheduler_bench.main(chosen, replicas, nodes, vcs, sessions or 64, seconds, warmup, fsync, seed, machine_ops,
+                             as_json, quiet)
+        return
+    sessions = sessions or 256
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
