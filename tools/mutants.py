@@ -272,13 +272,13 @@ MUTANTS: list[Mutant] = [
         slots = [
             [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
         ]
-        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view))
+        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view, self._taken()))
 """,
         new="""\
         slots = [
             [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
         ]
-        self.send(src, Vote(m.view, self.o_committed, slots, list(self.c_max), self.o_view))
+        self.send(src, Vote(m.view, self.o_committed, slots, list(self.c_max), self.o_view, self._taken()))
 """,
         rule="§3.3 view change: a vote is a promise; the voter joins the view and refuses older O-accepts",
         description="_on_vrequest votes without adopting the candidate's view, "
@@ -478,6 +478,15 @@ MUTANTS: list[Mutant] = [
         new="                pass\n",
         rule="§3.4 with Fig. 7: every slot past the instances any voter accepted from its leader is decided before it is served past",
         description="a new sequencer works out no phantom instances: a leader's next command can take a slot before acknowledged ones",
+    ),
+    Mutant(
+        name="phantom-bound-from-c-max",
+        file=SDP,
+        old="                known = max([taken[leader]] + [v.c_own[leader] for v in self.votes.values()])\n",
+        new="                known = max([self.c_max[leader]] + [v.c_max[leader] for v in self.votes.values()])\n",
+        rule="§3.4 with Fig. 7: only an instance the leader itself took (its own ballot) or a chosen one bounds the phantoms",
+        description="the phantom bound is the highest instance any voter accepted, so an unchosen recovery no-op at one voter "
+        "hides a phantom from the next view (review 6)",
     ),
 ]
 

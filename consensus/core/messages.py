@@ -270,7 +270,7 @@ class VRequest(Message):
     from_slot: int
 
 
-@_message(41, _INT, _INT, _LIST, _LIST, _INT)
+@_message(41, _INT, _INT, _LIST, _LIST, _INT, _LIST)
 class Vote(Message):
     """A vote for ``view``: the voter's accepted slots ``>= from_slot`` and C-state.
 
@@ -279,6 +279,9 @@ class Vote(Message):
     ``c_max``: per command leader, the highest C-instance accepted here (-1: none).
     ``o_view``: the highest view whose sequencer's O-accepts the voter took (SDPaxos,
     Fig. 7: tells the candidate which sequencer may have proposed slots it cannot see).
+    ``c_own``: per command leader l, the highest C-instance that l is known here to
+    have taken: accepted at a ballot of l's own, or chosen (SDPaxos N = 5: the bound
+    of the phantom instances; a recoverer's no-op raises ``c_max`` but not this).
     """
 
     view: int
@@ -286,6 +289,7 @@ class Vote(Message):
     slots: list
     c_max: list
     o_view: int
+    c_own: list
 
 
 @_message(42, _INT, _INT)

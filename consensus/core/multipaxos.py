@@ -454,7 +454,7 @@ class MultiPaxosReplica(ReplicaBase):
         if m.view > self.view:
             self._adopt_view(m.view)
         slots = [[j, s.view, s.batch, s.committed] for j, s in sorted(self.log.items()) if j >= m.from_slot]
-        self.send(src, Vote(self.view, self.committed, slots, [], 0))
+        self.send(src, Vote(self.view, self.committed, slots, [], 0, []))
 
     @handles(_handlers, Vote)
     def _on_vote(self, src: int, m: Vote) -> None:

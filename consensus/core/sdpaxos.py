@@ -1483,7 +1483,23 @@ class SDPaxosReplica(ReplicaBase):
         slots = [
             [j, s.leader, s.view, s.committed] for j, s in sorted(self.oslots.items()) if j >= m.from_slot
         ]
-        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view))
+        self.send(src, Vote(self.view, self.o_committed, slots, list(self.c_max), self.o_view, self._taken()))
+
+    def _taken(self) -> list[int]:
+        """Per leader l, the highest C-instance l is known here to have taken: one we
+        accepted at a ballot of l's own (l proposed it, or re-prepared its own, and
+        l's next_inst is past it for good), or one that is chosen. ``c_max`` is no
+        such bound: a recoverer's no-op that was never chosen raises it, and l's next
+        command may still take that instance (review 6)."""
+        out = [f - 1 for f in self.floor_inst]
+        for leader in range(self.n):
+            top = out[leader]
+            for inst, c in self.clog[leader].items():
+                if inst > top and (c.committed or ballot_owner(c.ballot) == leader):
+                    top = inst
+            out[leader] = top
+        out[self.id] = max(out[self.id], self.next_inst - 1)
+        return out
 
     @handles(_handlers, Vote)
     def _on_vote(self, src: int, m: Vote) -> None:
@@ -1496,7 +1512,7 @@ class SDPaxosReplica(ReplicaBase):
                 return
             if not NOCL <= entry[1] < self.n:
                 return
-        if len(m.c_max) != self.n:
+        if len(m.c_max) != self.n or len(m.c_own) != self.n:
             return
         self.votes[src] = m
         if len(self.votes) + 1 >= self.quorum:
@@ -1543,15 +1559,17 @@ class SDPaxosReplica(ReplicaBase):
         self._rebuild_sequencer_state(end)
         self._phantoms = []
         if self.n == 5:
-            # Slots name leaders by position: a slot of leader l past every instance a
-            # voter accepted from l (C[l]) may stand for an instance l has not proposed
-            # yet (a Fig. 7 fill shifts the numbering, this view's or an earlier one's
-            # that never served). If l's next command took it, it would be ordered
-            # before commands we acknowledge meanwhile (§3.4). Decide those instances
-            # first (a no-op where l has nothing); nothing after the first of them
-            # commits, and we serve only then.
+            # Slots name leaders by position: a slot of leader l past every instance
+            # l is known to have taken (_taken: accepted at l's own ballot, or chosen)
+            # may stand for an instance l has not proposed yet (a Fig. 7 fill shifts
+            # the numbering, this view's or an earlier one's that never served). If
+            # l's next command took it, it would be ordered before commands we
+            # acknowledge meanwhile (§3.4). Decide those instances first (a no-op
+            # where l has nothing); nothing after the first of them commits, and we
+            # serve only then.
+            taken = self._taken()
             for leader in range(self.n):
-                known = max([self.c_max[leader]] + [v.c_max[leader] for v in self.votes.values()])
+                known = max([taken[leader]] + [v.c_own[leader] for v in self.votes.values()])
                 lo = max(known + 1, self.floor_inst[leader])
                 self._phantoms += [(leader, k) for k in range(lo, self.assigned[leader])]
             if self._phantoms_pending():

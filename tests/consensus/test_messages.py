@@ -25,7 +25,7 @@ SAMPLES = [
     M.Fetch(0, 1, 4),
     M.Compacted(33, 120, 1, 40),
     M.VRequest(33, 10),
-    M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2], 33),
+    M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2], 33, [3, -1, 1]),
     M.PreVote(65),
     M.PreVoteReply(65, True),
     M.Ping(33, 1234),

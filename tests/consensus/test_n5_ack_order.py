@@ -57,7 +57,7 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     r.ready()
     c_max = [-1, -1, 0, -1, -1]  # R0 accepted R2's C-instance 0, nobody its instance 1
     for voter in (0, 4):
-        r.step(voter, [Vote(view, 0, [], c_max, old_view)])
+        r.step(voter, [Vote(view, 0, [], c_max, old_view, c_max)])
     assert r.phase == "recovering"
     # Fig. 7: slot 0 (a hole) goes to R2, which then owns C[2] + 1 = 1 slot.
     assert r.oslots[0].leader == R_M

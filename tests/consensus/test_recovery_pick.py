@@ -50,5 +50,5 @@ def test_multipaxos_take_office_re_proposes_the_highest_view_value():
     view = r.view
     higher = make_ballot(1, 1)  # a view between R0's and R2's: R1 led it
     assert old < higher < view
-    r.step(0, [Vote(view, 0, [[0, higher, X, False]], [], 0)])
+    r.step(0, [Vote(view, 0, [[0, higher, X, False]], [], 0, [])])
     assert r.log[0].batch == X, f"re-proposed {r.log[0].batch!r}; X was accepted in the higher view"
