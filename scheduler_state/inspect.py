@@ -5,9 +5,11 @@ in microsoft/hivedscheduler: ``AffinityGroupList``, ``AffinityGroup``,
 ``ClusterStatus``, ``PhysicalCellStatus``, ``VirtualCellStatus``), so HiveD's users
 and tools read Cellar's ``/v1/inspect/...`` the same way. What differs:
 
-- ``state`` of an affinity group is ``Allocated`` or ``Pending`` (preemption is atomic
-  here, so ``Preempting`` / ``BeingPreempted`` never appear); a pending group also
-  carries ``queuePosition``.
+- ``state`` of an affinity group is ``Allocated``, ``Pending`` (the group-level queue,
+  with ``queuePosition``), or, for pod-level preemption (``pods.py``), ``Preempting``
+  (with ``preemptingPods`` and the planned ``physicalPlacement``) and ``BeingPreempted``.
+  Pod-tracked groups list ``allocatedPods`` (UIDs). Group-level ``allocate`` still
+  preempts atomically.
 - ``lazyPreemptionStatus`` has the ``preemptor`` but no ``preemptionTime`` (the
   machine keeps no wall clock).
 - Cell states are ``Free`` or ``Used`` (no ``Reserving`` / ``Reserved``); an inner
@@ -42,14 +44,30 @@ def affinity_group(g: Group) -> dict[str, Any]:
             physical.setdefault(p.node, []).append(p.leaf_index)  # type: ignore[arg-type]
             if v is not None:
                 virtual.setdefault(v.root.addr, []).append(v.addr)
-    status: dict[str, Any] = {"vc": g.req.vc, "priority": g.priority, "state": "Allocated"}
+    status: dict[str, Any] = {"vc": g.req.vc, "priority": g.priority,
+                              "state": "BeingPreempted" if g.preempted_by is not None else "Allocated"}
     if physical:
         status["physicalPlacement"] = {node: sorted(idx) for node, idx in physical.items()}
     if virtual:
         status["virtualPlacement"] = {root: sorted(addrs) for root, addrs in virtual.items()}
+    if g.slots is not None and any(r is not None for r in g.slots):
+        status["allocatedPods"] = [r.uid for r in g.slots if r is not None]
     if g.lazy_by is not None:
         status["lazyPreemptionStatus"] = {"preemptor": g.lazy_by}
     return {"metadata": {"name": g.name}, "status": status}
+
+
+def preempting_group(p: Any) -> dict[str, Any]:
+    """A group in HiveD's Preempting state (``pods.Preemptor``)."""
+    physical: dict[str, list[int]] = {}
+    for row in p.plan:
+        for node, idx in row:
+            physical.setdefault(node, []).append(idx)
+    status: dict[str, Any] = {"vc": p.req.vc, "priority": p.req.priority, "state": "Preempting"}
+    if physical:
+        status["physicalPlacement"] = {node: sorted(idx) for node, idx in physical.items()}
+    status["preemptingPods"] = [r.uid for r in p.pods]
+    return {"metadata": {"name": p.name}, "status": status}
 
 
 def pending_group(e: Pending, position: int) -> dict[str, Any]:
@@ -59,6 +77,7 @@ def pending_group(e: Pending, position: int) -> dict[str, Any]:
 
 def affinity_groups(m: SchedulerStateMachine) -> dict[str, Any]:
     items = [affinity_group(g) for g in sorted(m.groups.values(), key=lambda g: g.seq)]
+    items += [preempting_group(p) for p in sorted(m.preemptors.values(), key=lambda p: p.seq)]
     items += [pending_group(e, i) for i, e in enumerate(m.pending)]
     return {"items": items}
 

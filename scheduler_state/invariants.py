@@ -20,6 +20,13 @@ Checked:
    opportunistic, bad, available) and index match a recount from the leaves.
 5. **VC safety**: the free lists can serve all unbound preassigned cells at once, so no
    VC's guaranteed requests can be blocked by others (checked per chain and level).
+6. **Pods** (``pods.py``): every tracked pod is in exactly one place -- one slot of an
+   allocated group (Binding or Bound, on a pod that was not released) or one Preempting
+   group's pod list -- and the UID index agrees; a pod-tracked group has one slot per
+   pod. A Preempting group is neither allocated nor pending, has at least one pod and
+   at least one victim still present; every group marked Being-preempted names an
+   existing Preempting group that lists it, and every present victim of a Preempting
+   group is marked by it (so a group is the victim of one preemptor at a time).
 """
 
 from __future__ import annotations
@@ -140,6 +147,8 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
                 _err(out, f"scope {scope.key}: free counter {scope.free}, recount {scope.leaves - used}")
     # 4: counters, indexes and free lists.
     _check_counters(m, out)
+    # 6: pods and preemption states.
+    _check_pods(m, out)
     for name, chain in cl.chains.items():
         expect: list[PCell] = []
         for top in chain.tops:
@@ -235,3 +244,50 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
                 _err(out, f"scope {scope.key}: root index out of date")
             if scope.node_index.keys != sorted((n.free, n.id) for n in scope.nodes):
                 _err(out, f"scope {scope.key}: node index out of date")
+
+
+def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
+    refs = getattr(m, "pod_refs", {})
+    preemptors = getattr(m, "preemptors", {})
+    seen = 0
+    for name in sorted(m.groups):
+        g = m.groups[name]
+        if g.slots is not None:
+            if len(g.slots) != len(g.pods):
+                _err(out, f"group {name}: {len(g.slots)} pod slots for {len(g.pods)} pods")
+            for i, ref in enumerate(g.slots):
+                if ref is None:
+                    continue
+                seen += 1
+                if refs.get(ref.uid) is not ref:
+                    _err(out, f"group {name} slot {i}: pod {ref.uid} is not indexed by its UID")
+                if ref.group != name or ref.slot != i:
+                    _err(out, f"group {name} slot {i}: pod {ref.uid} says group {ref.group} slot {ref.slot}")
+                if ref.state not in ("Binding", "Bound"):
+                    _err(out, f"group {name} slot {i}: pod {ref.uid} in state {ref.state}")
+                if i < len(g.pods) and g.pods[i].released:
+                    _err(out, f"group {name} slot {i}: pod {ref.uid} holds a released pod slot")
+        if g.preempted_by is not None:
+            p = preemptors.get(g.preempted_by)
+            if p is None or name not in p.victims:
+                _err(out, f"group {name} is being preempted by {g.preempted_by}, which does not list it")
+    for pname in sorted(preemptors):
+        p = preemptors[pname]
+        if p.name != pname:
+            _err(out, f"preemptor registered as {pname} is named {p.name}")
+        if pname in m.groups or pname in m.pending_by_name:
+            _err(out, f"preempting group {pname} is also allocated or pending")
+        if not p.pods:
+            _err(out, f"preempting group {pname} has no pod")
+        live = [v for v in p.victims if v in m.groups and m.groups[v].preempted_by == pname]
+        if not live:
+            _err(out, f"preempting group {pname} has no victim left (it should have been placed)")
+        for v in p.victims:
+            if v in m.groups and m.groups[v].preempted_by != pname:
+                _err(out, f"victim {v} of preempting group {pname} is marked {m.groups[v].preempted_by}")
+        for ref in p.pods:
+            seen += 1
+            if refs.get(ref.uid) is not ref or ref.group != pname or ref.state != "Preempting":
+                _err(out, f"preempting group {pname}: pod {ref.uid} record disagrees ({ref.group}, {ref.state})")
+    if seen != len(refs):
+        _err(out, f"{len(refs)} pods indexed by UID, {seen} found in groups and preemptors")

@@ -89,7 +89,8 @@ from scheduler_state.placement import (
 from scheduler_state.requests import Request, RequestError, parse_request, request_from_record
 
 SNAPSHOT_FORMAT = 1
-READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_groups", "inspect"})
+READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_groups", "inspect", "pod_status",
+                      "list_pods"})
 SCHEDULER_KEY = "scheduler"  # the one key of the lease-read history (module docstring)
 PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
 TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64
@@ -120,7 +121,7 @@ class Pod:
 class Group:
     """An allocated affinity group."""
 
-    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain")
+    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by")
 
     def __init__(self, req: Request, seq: int, chain: str) -> None:
         self.name = req.name
@@ -131,6 +132,10 @@ class Group:
         self.lazy_by: str | None = None  # set when lazily preempted (now opportunistic)
         self.lease_ms: int | None = None
         self.chain = chain
+        # Pod-level tracking (pods.py): the K8s pod holding each pod slot, or None for a
+        # group scheduled only at the group level.
+        self.slots: list[Any] | None = None
+        self.preempted_by: str | None = None  # a Preempting group waits for this one to go
 
     @property
     def opportunistic(self) -> bool:
@@ -154,9 +159,14 @@ class Pending:
 
 
 class _Attempt:
-    """Outcome of one placement attempt."""
+    """Outcome of one placement attempt.
 
-    __slots__ = ("group", "reason", "preempted", "lazy_preempted")
+    With ``mode`` "no_victims" or "dry" (pod-level scheduling) a placement that needs
+    victims is not committed: ``blocked`` is True, ``preempted`` names the victims and
+    ``plan`` holds the physical devices per pod. In "dry" mode a placement without
+    victims is not committed either: ``placeable`` is True (and ``plan`` set)."""
+
+    __slots__ = ("group", "reason", "preempted", "lazy_preempted", "blocked", "placeable", "plan")
 
     def __init__(self, group: Group | None, reason: str | None = None,
                  preempted: list[str] | None = None, lazy_preempted: list[str] | None = None) -> None:
@@ -164,6 +174,9 @@ class _Attempt:
         self.reason = reason
         self.preempted = preempted or []
         self.lazy_preempted = lazy_preempted or []
+        self.blocked = False
+        self.placeable = False
+        self.plan: list[list[tuple[str, int]]] | None = None
 
 
 def _int(cmd: dict[str, Any], key: str, minimum: int) -> int:
@@ -220,6 +233,10 @@ class SchedulerStateMachine:
         self.pending_by_name: dict[str, Pending] = {}
         self.clock_ms = 0
         self.next_seq = 0
+        # Pod-level state (pods.py): every pod HiveD would track (Binding, Bound,
+        # Preempting) by UID, and the groups in HiveD's Preempting state by name.
+        self.pod_refs: dict[str, Any] = {}
+        self.preemptors: dict[str, Any] = {}
 
     # -- StateMachine protocol ------------------------------------------------------
 
@@ -276,8 +293,10 @@ class SchedulerStateMachine:
                     leaves.append([node, idx, rtype, p.id if p is not None else -1, v.id if v is not None else -1])
                 pods.append({"k": pod.k, "released": pod.released, "virtual": pod.vleaves is not None,
                              "leaves": leaves})
-            groups.append({"seq": g.seq, "spec": g.req.to_record(), "chain": g.chain, "lazy_by": g.lazy_by,
-                           "lease_ms": g.lease_ms, "pods": pods})
+            rec = {"seq": g.seq, "spec": g.req.to_record(), "chain": g.chain, "lazy_by": g.lazy_by,
+                   "lease_ms": g.lease_ms, "pods": pods}
+            _pods.snapshot_group(g, rec)
+            groups.append(rec)
         state = {
             "format": SNAPSHOT_FORMAT,
             "config": self.config.to_dict(),
@@ -287,6 +306,7 @@ class SchedulerStateMachine:
             "groups": groups,
             "pending": [{"seq": e.seq, "spec": e.req.to_record(), "lease_ms": e.lease_ms} for e in self.pending],
         }
+        _pods.snapshot_machine(self, state)
         return msgpack.packb(_canonical(state), use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
@@ -326,11 +346,13 @@ class SchedulerStateMachine:
                 pod = Pod(prec["k"], devices, pleaves, vleaves if prec["virtual"] else None)
                 pod.released = prec["released"]
                 g.pods.append(pod)
+            _pods.load_group(self, g, rec)
             self._add_group(g)
         for rec in state["pending"]:
             e = Pending(rec["seq"], request_from_record(rec["spec"]), rec["lease_ms"])
             self.pending.append(e)
             self.pending_by_name[e.req.name] = e
+        _pods.load_machine(self, state)
         cl.reindex(t)
 
     # -- bookkeeping ------------------------------------------------------------------
@@ -361,6 +383,10 @@ class SchedulerStateMachine:
     def _remove_group(self, g: Group, t: Touched) -> None:
         for pod in g.pods:
             self._free_pod(pod, t)
+        if g.slots is not None:
+            for ref in g.slots:
+                if ref is not None:
+                    self.pod_refs.pop(ref.uid, None)
         self._drop_group(g)
 
     # -- request validation -------------------------------------------------------------
@@ -420,15 +446,18 @@ class SchedulerStateMachine:
 
     # -- allocation -----------------------------------------------------------------------
 
-    def _attempt(self, req: Request, seq: int, known: tuple[list[Any], str | None] | None = None) -> _Attempt:
+    def _attempt(self, req: Request, seq: int, known: tuple[list[Any], str | None] | None = None,
+                 mode: str = "commit") -> _Attempt:
+        """Place ``req``. ``mode``: "commit" (preempt victims atomically), "no_victims"
+        (commit only a placement without victims), "dry" (commit nothing); see _Attempt."""
         cands, why = known if known is not None else self._candidates(req)
         if not cands:
             return _Attempt(None, why)
         if req.opportunistic:
-            return self._attempt_opportunistic(req, seq, cands)
-        return self._attempt_guaranteed(req, seq, cands)
+            return self._attempt_opportunistic(req, seq, cands, mode)
+        return self._attempt_guaranteed(req, seq, cands, mode)
 
-    def _attempt_opportunistic(self, req: Request, seq: int, chains: list[PChain]) -> _Attempt:
+    def _attempt_opportunistic(self, req: Request, seq: int, chains: list[PChain], mode: str = "commit") -> _Attempt:
         cl = self.cluster
         sugg = req.suggested_filter()
         pods = req.pods
@@ -443,6 +472,11 @@ class SchedulerStateMachine:
             found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods)
             if found is None:
                 continue
+            if mode == "dry":
+                a = _Attempt(None)
+                a.placeable = True
+                a.plan = [[(p.node, p.leaf_index) for p in leaves] for leaves in found]
+                return a
             g = Group(req, seq, chain.info.name)
             t = Touched()
             for k, leaves in zip(pods, found):
@@ -455,7 +489,7 @@ class SchedulerStateMachine:
         where = f"leaf cell type {req.leaf_type}" if req.leaf_type else "any leaf cell type"
         return _Attempt(None, f"not enough free healthy leaf cells of {where} for an opportunistic group")
 
-    def _attempt_guaranteed(self, req: Request, seq: int, scopes: list[VScope]) -> _Attempt:
+    def _attempt_guaranteed(self, req: Request, seq: int, scopes: list[VScope], mode: str = "commit") -> _Attempt:
         cl = self.cluster
         sugg = req.suggested_filter()
         pods = req.pods
@@ -485,8 +519,8 @@ class SchedulerStateMachine:
                 found = placer.place(roots, spread, pods)
                 if found is None:
                     continue
-                outcome = self._realize(req, seq, scope, found, sugg)
-                if outcome.group is not None:
+                outcome = self._realize(req, seq, scope, found, sugg, mode)
+                if outcome.group is not None or outcome.blocked or outcome.placeable:
                     return outcome
                 reason = outcome.reason
         if reason is None:
@@ -495,7 +529,7 @@ class SchedulerStateMachine:
         return _Attempt(None, reason)
 
     def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
-                 sugg: frozenset[str] | None) -> _Attempt:
+                 sugg: frozenset[str] | None, mode: str = "commit") -> _Attempt:
         """Map a virtual placement to physical cells; preempt; commit. All or nothing."""
         cl = self.cluster
         victims: dict[str, Group] = {}
@@ -540,6 +574,17 @@ class SchedulerStateMachine:
                 if u is not None and u.name not in victims:
                     victims[u.name] = u  # an opportunistic user of a physical cell we need
         ordered = sorted(victims.values(), key=lambda g: g.seq)
+        if mode == "dry" or (mode == "no_victims" and ordered):
+            # Not committed: undo the lazy demotions, report the plan (pods.py).
+            for g, vl in reversed(saved):
+                self._unlazy(g, vl, t)
+            cl.reindex(t)
+            out = _Attempt(None, None if not ordered else "needs preemption",
+                           [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])
+            out.blocked = bool(ordered)
+            out.placeable = not ordered
+            out.plan = [[(p.node, p.leaf_index) for p in row] for row in pplace]  # type: ignore[misc]
+            return out
         for g in ordered:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
@@ -582,8 +627,10 @@ class SchedulerStateMachine:
     # -- pending queue --------------------------------------------------------------------
 
     def _retry_pending(self) -> list[dict[str, Any]]:
-        """One FIFO pass over waiting groups (bounded by the queue length)."""
-        out: list[dict[str, Any]] = []
+        """One FIFO pass over waiting groups (bounded by the queue length). Preempting
+        groups whose victims are all gone are placed first (pods.py): the cells their
+        victims left are theirs, never a waiting group's."""
+        out: list[dict[str, Any]] = _pods.complete_preemptions(self) if self.preemptors else []
         # Requests of the same shape fail alike until something is placed, so a shape
         # that failed in this pass is not searched again (a long queue of equal jobs
         # costs one search, not one per job).
@@ -631,6 +678,8 @@ class SchedulerStateMachine:
             raise CommandError(f"group {req.name} is already allocated")
         if req.name in self.pending_by_name:
             raise CommandError(f"group {req.name} is already waiting (release it to cancel)")
+        if req.name in self.preemptors:
+            raise CommandError(f"group {req.name} is already preempting (delete its pods to cancel)")
         known = self._candidates(req)  # request errors before anything changes
         seq = self.next_seq
         attempt = self._attempt(req, seq, known)
@@ -661,6 +710,11 @@ class SchedulerStateMachine:
             if cmd.get("pods") is not None:
                 raise CommandError(f"group {name} is waiting; release it whole to cancel it")
             self._unqueue(e)
+            return {"ok": True, "group": name, "cancelled": True, "scheduled": []}
+        if name in self.preemptors:
+            if cmd.get("pods") is not None:
+                raise CommandError(f"group {name} is preempting; release it whole to cancel its preemption")
+            _pods.cancel_preemption(self, self.preemptors[name])
             return {"ok": True, "group": name, "cancelled": True, "scheduled": []}
         g = self.groups.get(name)
         if g is None:
@@ -769,10 +823,16 @@ class SchedulerStateMachine:
         self.next_seq = old.next_seq
         lazy: list[str] = []
         ignored: dict[str, int] = {}
+        # Preempting is a volatile state in HiveD (lost when it restarts with a new
+        # config): preemptions in progress are cancelled; their pods wait again.
+        for p in sorted(old.preemptors.values(), key=lambda p: p.seq):
+            _pods.cancel_preemption(old, p)
+        self.pod_refs = old.pod_refs
         for og in sorted(old.groups.values(), key=lambda g: g.seq):
             g = Group(og.req, og.seq, og.chain)
             g.lease_ms = og.lease_ms
             g.lazy_by = og.lazy_by
+            g.slots = og.slots
             for op in og.pods:
                 if op.released and not og.req.gang_release:
                     pleaves: list[PCell | None] = [None] * len(op.devices)  # its cells were freed
@@ -928,6 +988,12 @@ class SchedulerStateMachine:
             if e.lease_ms is not None:
                 out["lease_expires_ms"] = e.lease_ms
             return out
+        p = self.preemptors.get(name)
+        if p is not None:
+            return {"ok": True, "group": name, "state": "preempting", "vc": p.req.vc, "priority": p.req.priority,
+                    "victims": _pods.victims_view(self, p.victims), "preempting_pods": [r.uid for r in p.pods],
+                    "planned_placement": [{"node": row[0][0] if row else None, "leaf_cells": [i for _, i in row]}
+                                          for row in p.plan]}
         raise CommandError(f"group {name} does not exist")
 
     def _cmd_list_groups(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -995,6 +1061,9 @@ class SchedulerStateMachine:
         g = self.groups.get(name)
         if g is not None:
             return {"ok": True, "result": hived_inspect.affinity_group(g)}
+        p = self.preemptors.get(name)
+        if p is not None:
+            return {"ok": True, "result": hived_inspect.preempting_group(p)}
         e = self.pending_by_name.get(name)
         if e is not None:
             return {"ok": True, "result": hived_inspect.pending_group(e, self.pending.index(e))}
@@ -1029,6 +1098,10 @@ _HANDLERS: dict[str, Callable[[SchedulerStateMachine, dict[str, Any]], dict[str,
     "list_groups": SchedulerStateMachine._cmd_list_groups,
     "inspect": SchedulerStateMachine._cmd_inspect,
 }
+
+from scheduler_state import pods as _pods  # noqa: E402 - pod-level commands use the classes above
+
+_HANDLERS.update(_pods.HANDLERS)
 
 __all__ = ["SchedulerStateMachine", "CommandError", "NotFound", "Group", "Pod", "Pending", "READ_OPS",
            "SCHEDULER_KEY"]
