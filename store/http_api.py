@@ -104,6 +104,7 @@ class SchedulerAPI:
         r.add_get("/v1/status", self.status)
         r.add_get("/v1/events", self.events)
         r.add_get("/metrics", self.metrics)
+        __import__("store.extender_api", fromlist=["_"]).register_extender_routes(self)  # /v1/extender/*
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> None:
