@@ -21,6 +21,9 @@ process, as in tests and the embedding API, do not collide). Two kinds of series
   ``cellar_ready``                        1 once the config check passed and a
                                           majority is reachable (``/readyz``)
   ``cellar_wal_fsyncs_total``             fsyncs of the write-ahead log
+  ``cellar_loop_lag_max_seconds``         the longest event-loop pause in the last
+                                          minute (how late the tick timer ran)
+  ``cellar_loop_pauses_total``            loop pauses of 50 ms or more since start
   ``cellar_scheduler_groups``             allocated affinity groups
   ``cellar_scheduler_pending_groups``     groups waiting in the pending queue
   ``cellar_scheduler_leaf_cells``         leaf cells by ``state`` (used, free, bad;
@@ -37,6 +40,7 @@ process, as in tests and the embedding API, do not collide). Two kinds of series
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -92,6 +96,10 @@ class ReplicaCollector:
         yield gauge("cellar_ready", "1 once the config check passed and a majority is reachable.", 1 if ready else 0)
         if node.wal is not None:
             yield counter("cellar_wal_fsyncs", "fsyncs of the write-ahead log.", node.wal.stats["fsyncs"])
+        lag = node.loop_lag.status(time.monotonic())
+        yield gauge("cellar_loop_lag_max_seconds", "Longest event-loop pause in the last minute.",
+                    lag["lag_max_ms_60s"] / 1000)
+        yield counter("cellar_loop_pauses", "Event-loop pauses of 50 ms or more since start.", lag["pauses_50ms"])
         inner = getattr(node.machine, "inner", None)
         if inner is not None:
             yield gauge("cellar_scheduler_groups", "Allocated affinity groups.", len(inner.groups))

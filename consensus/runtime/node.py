@@ -74,6 +74,40 @@ PENDING_MAX = 200_000
 HELD_ENVELOPES_MAX = 10_000
 
 
+class LoopLag:
+    """How late the event loop ran the tick timer: a pause of the loop (a long
+    callback, a snapshot, a GC collection) shows as lateness, and a pause longer than
+    the election timeout costs a view change. Kept per second for the last minute."""
+
+    PAUSE_MS = 50.0
+
+    def __init__(self) -> None:
+        self.max_ms = 0.0  # since start
+        self.pauses = 0  # timer runs at least PAUSE_MS late
+        self._second = -1
+        self._window: deque = deque(maxlen=60)  # (second, max lateness that second in ms)
+
+    def record(self, now: float, late_s: float) -> None:
+        ms = max(0.0, late_s * 1000.0)
+        if ms > self.max_ms:
+            self.max_ms = ms
+        if ms >= self.PAUSE_MS:
+            self.pauses += 1
+        sec = int(now)
+        if sec != self._second:
+            self._second = sec
+            self._window.append([sec, ms])
+        elif ms > self._window[-1][1]:
+            self._window[-1][1] = ms
+
+    def status(self, now: float) -> dict:
+        sec = int(now)
+        last = [ms for s, ms in self._window if s >= sec - 1]
+        minute = [ms for s, ms in self._window if s >= sec - 60]
+        return {"lag_max_ms_1s": round(max(last, default=0.0), 3), "lag_max_ms_60s": round(max(minute, default=0.0), 3),
+                "lag_max_ms": round(self.max_ms, 3), "pauses_50ms": self.pauses}
+
+
 class NodeError(Exception):
     """The node cannot start or must stop; the message is one actionable line."""
 
@@ -258,6 +292,8 @@ class Node:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._ticks_done = 0
         self._t0 = 0.0
+        self._timer_due = 0.0
+        self.loop_lag = LoopLag()
         self._snap_slot = 0
         self._snap_task: asyncio.Task | None = None
         self._snap_bytes: bytes | None = None  # our latest snapshot, encoded (served to peers)
@@ -369,6 +405,7 @@ class Node:
             await self._close_storage()
             raise NodeError(f"cannot listen for clients on {chost}:{cport}: {e.strerror or e}") from None
         self._t0 = time.monotonic()
+        self._timer_due = self._t0 + cfg.tick_ms / 1000
         self._tick_handle = loop.call_later(cfg.tick_ms / 1000, self._on_timer)
         self._kick()
         log.info("node %d (%s) peers on %s:%d, clients on %s:%d", cfg.node_id, cfg.protocol, host, port, chost, cport)
@@ -455,6 +492,8 @@ class Node:
     def _on_timer(self) -> None:
         if self._down:
             return
+        now = time.monotonic()
+        self.loop_lag.record(now, now - self._timer_due)
         tick_s = self.cfg.tick_ms / 1000
         if not self._installing:  # ticks are not dropped: they arrive after the install
             due = int((time.monotonic() - self._t0) / tick_s)
@@ -472,8 +511,10 @@ class Node:
             self._fail(f"internal error in the tick timer: {_describe(e)}", e)
             return
         self._kick()
-        delay = self._t0 + (self._ticks_done + 1) * tick_s - time.monotonic()
-        self._tick_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._on_timer)
+        now = time.monotonic()
+        delay = max(0.0, self._t0 + (self._ticks_done + 1) * tick_s - now)
+        self._timer_due = now + delay
+        self._tick_handle = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_peer_frames(self, peer: int, frames: list) -> None:
         """Frames from an authenticated peer. A ``ProtocolError`` (the peer's fault)
@@ -932,4 +973,5 @@ class Node:
             st["transport"] = {k: v for k, v in sorted(self.transport.stats.items())}
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
         st["snapshot_slot"] = self._snap_slot
+        st["loop"] = self.loop_lag.status(time.monotonic())
         return st
