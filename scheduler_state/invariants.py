@@ -24,9 +24,8 @@ Checked:
    allocated group (Binding or Bound, on a pod that was not released) or one Preempting
    group's pod list -- and the UID index agrees; a pod-tracked group has one slot per
    pod. A Preempting group is neither allocated nor pending, has at least one pod and
-   at least one victim still present; every group marked Being-preempted names an
-   existing Preempting group that lists it, and every present victim of a Preempting
-   group is marked by it (so a group is the victim of one preemptor at a time).
+   at least one victim; its victims are exactly the allocated groups marked Being
+   preempted by it (so a group is the victim of one preemptor at a time).
 """
 
 from __future__ import annotations
@@ -279,12 +278,11 @@ def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
             _err(out, f"preempting group {pname} is also allocated or pending")
         if not p.pods:
             _err(out, f"preempting group {pname} has no pod")
-        live = [v for v in p.victims if v in m.groups and m.groups[v].preempted_by == pname]
-        if not live:
+        if not p.victims:
             _err(out, f"preempting group {pname} has no victim left (it should have been placed)")
         for v in p.victims:
-            if v in m.groups and m.groups[v].preempted_by != pname:
-                _err(out, f"victim {v} of preempting group {pname} is marked {m.groups[v].preempted_by}")
+            if v not in m.groups or m.groups[v].preempted_by != pname:
+                _err(out, f"victim {v} of preempting group {pname} is gone or not marked by it")
         for ref in p.pods:
             seen += 1
             if refs.get(ref.uid) is not ref or ref.group != pname or ref.state != "Preempting":

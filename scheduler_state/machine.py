@@ -387,6 +387,10 @@ class SchedulerStateMachine:
             for ref in g.slots:
                 if ref is not None:
                     self.pod_refs.pop(ref.uid, None)
+        if g.preempted_by is not None:  # a victim gone: its preemptor waits for one fewer
+            p = self.preemptors.get(g.preempted_by)
+            if p is not None and g.name in p.victims:
+                p.victims.remove(g.name)
         self._drop_group(g)
 
     # -- request validation -------------------------------------------------------------
@@ -495,6 +499,7 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         reason = None
+        held = None  # a Preempting group holding cells this request could otherwise preempt
         for scope in scopes:
             for preempt in (False, True):
                 if not preempt:
@@ -507,8 +512,14 @@ class SchedulerStateMachine:
                     def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[VCell]:
                         return list(indexed_roots(keys, cl.vcells, kmin))
                 else:
-                    lower = [g for g in self.vc_groups[req.vc].values()
-                             if not g.opportunistic and g.priority < req.priority]
+                    lower = []
+                    for g in self.vc_groups[req.vc].values():
+                        if not g.opportunistic and g.priority < req.priority:
+                            by = self._reserved_by(g, req.priority)
+                            if by is None:
+                                lower.append(g)
+                            elif held is None or by.seq < held.seq:
+                                held = by
                     if not lower:
                         continue
                     placer = virtual_preempt_placer(scope, req.priority, sugg, lower)
@@ -526,6 +537,9 @@ class SchedulerStateMachine:
         if reason is None:
             reason = (f"VC {req.vc} has not enough available cells for {total} leaf cells "
                       f"(pods {pods}) at priority {req.priority}")
+            if held is not None:
+                reason += (f"; cells of lower-priority groups are being preempted by affinity group {held.name} "
+                           f"(priority {held.req.priority})")
         return _Attempt(None, reason)
 
     def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
@@ -574,6 +588,13 @@ class SchedulerStateMachine:
                 if u is not None and u.name not in victims:
                     victims[u.name] = u  # an opportunistic user of a physical cell we need
         ordered = sorted(victims.values(), key=lambda g: g.seq)
+        held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None)
+        if held is not None:  # HiveD: Reserving cells go only to a higher-priority preemptor
+            for g, vl in reversed(saved):
+                self._unlazy(g, vl, t)
+            cl.reindex(t)
+            return _Attempt(None, f"the cells it needs are being preempted by affinity group {held.name} "
+                                  f"(priority {held.req.priority})")
         if mode == "dry" or (mode == "no_victims" and ordered):
             # Not committed: undo the lazy demotions, report the plan (pods.py).
             for g, vl in reversed(saved):
@@ -598,6 +619,14 @@ class SchedulerStateMachine:
         cl.reindex(t)
         self._add_group(g)
         return _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])
+
+    def _reserved_by(self, g: Group, priority: int) -> Any:
+        """The Preempting group (pods.py) whose victim ``g`` is, if its priority is at
+        least ``priority``: then ``g``'s cells are not available to such a request."""
+        if g.preempted_by is None:
+            return None
+        p = self.preemptors.get(g.preempted_by)
+        return p if p is not None and p.req.priority >= priority else None
 
     def _lazy_preempt(self, g: Group, preemptor: str, t: Touched) -> list[list[VCell | None] | None]:
         """Demote ``g`` to opportunistic: it keeps its physical cells, gives back its

@@ -478,7 +478,7 @@ def _schedule(m: SchedulerStateMachine, cmd: dict[str, Any], phase: str) -> dict
     victims = victims_view(m, p.victims)
     t = Touched()
     gone = []
-    for v in p.victims:
+    for v in list(p.victims):
         vg = m.groups[v]
         if not _live(vg):  # nobody to delete: it leaves now (whole group)
             m._remove_group(vg, t)
