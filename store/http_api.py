@@ -52,6 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
+from scheduler_state.replicated import SHARED
 from store.scheduler_service import FeedGap, SchedulerService, Unavailable
 
 BODY_BYTES_MAX = 1 << 20
@@ -106,6 +107,7 @@ class SchedulerAPI:
         r.add_get("/metrics", self.metrics)
         __import__("store.extender_api", fromlist=["_"]).register_extender_routes(self)  # /v1/extender/*
         self._runner: web.AppRunner | None = None
+        self._json_cache: dict[int, tuple[Any, bytes]] = {}
 
     async def start(self, host: str, port: int) -> None:
         self._runner = web.AppRunner(self.app, access_log=None)
@@ -173,6 +175,8 @@ class SchedulerAPI:
         return inner
 
     async def _read(self, request: web.Request, op: dict[str, Any]) -> Any:
+        if op.get("op") == "inspect":  # may share the result of an earlier read of the same state
+            op[SHARED] = True
         consistency = request.query.get("consistency", "linearizable")
         if consistency == "serializable":
             result = self.service.local(op)
@@ -192,29 +196,44 @@ class SchedulerAPI:
             raise Unavailable(result.get("error", "not initialized"), True)
         raise HTTPError(404 if result.get("not_found") else 400, str(result.get("error")))
 
+    def _inspect_json(self, body: Any) -> web.Response:
+        """``body`` as JSON, serialized once per result object: a shared read
+        (``scheduler_state.replicated``) hands every reader of the same state the same
+        object, and a 1,024-node cluster status is megabytes of JSON."""
+        cache = self._json_cache
+        hit = cache.get(id(body))
+        if hit is not None and hit[0] is body:
+            data = hit[1]
+        else:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            if len(cache) >= 16:
+                cache.clear()
+            cache[id(body)] = (body, data)  # holds body, so its id is not reused meanwhile
+        return web.Response(body=data, content_type="application/json")
+
     # --- inspect -----------------------------------------------------------------------
 
     async def affinity_groups(self, request: web.Request) -> web.Response:
-        return _json(await self._read(request, {"op": "inspect", "view": "affinitygroups"}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "affinitygroups"}))
 
     async def affinity_group(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        return _json(await self._read(request, {"op": "inspect", "view": "affinitygroup", "name": name}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "affinitygroup", "name": name}))
 
     async def cluster_status(self, request: web.Request) -> web.Response:
-        return _json(await self._read(request, {"op": "inspect", "view": "clusterstatus"}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "clusterstatus"}))
 
     async def physical_cluster(self, request: web.Request) -> web.Response:
-        return _json(await self._read(request, {"op": "inspect", "view": "physicalcluster"}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "physicalcluster"}))
 
     async def virtual_clusters(self, request: web.Request) -> web.Response:
-        return _json(await self._read(request, {"op": "inspect", "view": "virtualclusters"}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "virtualclusters"}))
 
     async def virtual_cluster(self, request: web.Request) -> web.Response:
         vc = request.match_info["vc"]
         if vc not in self._inner().cluster.vc_scopes:
             raise HTTPError(404, f"VC {vc} does not exist", "vc")
-        return _json(await self._read(request, {"op": "inspect", "view": "virtualcluster", "name": vc}))
+        return self._inspect_json(await self._read(request, {"op": "inspect", "view": "virtualcluster", "name": vc}))
 
     # --- writes --------------------------------------------------------------------------
 
