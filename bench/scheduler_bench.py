@@ -139,8 +139,27 @@ def _figures(t: Tally, seconds: float, clients: int) -> dict[str, Any]:
     }
 
 
+def proc_cpu_s(pid: int | None = None) -> float | None:
+    """CPU seconds (user + system, every thread) of this process or of ``pid`` (Linux
+    ``/proc``; None where it cannot be read)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_sampler(pids: dict[str, int | None]) -> Callable[[], dict[str, float | None]]:
+    """``pids``: name -> PID (None: this process); the sampler returns CPU seconds."""
+    return lambda: {name: proc_cpu_s(pid) for name, pid in pids.items()}
+
+
 async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int, seconds: float,
-                warmup: float, progress: Callable[[str], None] | None, label: str) -> dict[str, Any]:
+                warmup: float, progress: Callable[[str], None] | None, label: str,
+                cpu: Callable[[], dict[str, float | None]] | None = None) -> dict[str, Any]:
     """``clients`` closed-loop callers of ``one_op(kind, arg)`` for ``warmup`` then
     ``seconds`` (only the latter counted). ``one_op`` returns ``(status, body)``: 201
     placed, 409 not placed, 200 released, 404 gone; anything else is an error."""
@@ -153,8 +172,8 @@ async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int,
         while time.monotonic() < stop_at:
             kind, arg = w.next_op()
             t0 = time.perf_counter()
-            try:
-                status, body = await asyncio.wait_for(one_op(kind, arg), OP_TIMEOUT_S)
+            try:  # one_op bounds its own time (no wait_for: one Task less per operation)
+                status, body = await one_op(kind, arg)
             except Exception as e:  # counted; a run full of errors says so in its figures
                 status, body = -1, f"{type(e).__name__}: {e}"
             dt = (time.perf_counter() - t0) * 1000
@@ -193,6 +212,7 @@ async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int,
         await asyncio.sleep(warmup)
         counting = True
         t_count = time.monotonic()
+        cpu_start.update(cpu() if cpu else {})
         last_ops, last_t = 0, t_count
         while time.monotonic() < stop_at:
             await asyncio.sleep(min(1.0, max(0.05, stop_at - time.monotonic())))
@@ -206,6 +226,7 @@ async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int,
             last_ops, last_t = tally.ops, now
         return t_count
 
+    cpu_start: dict[str, float | None] = {}
     shower = asyncio.create_task(show())
     tasks = [asyncio.create_task(client()) for _ in range(clients)]
     try:
@@ -215,7 +236,17 @@ async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int,
             t.cancel()
     t_count = await shower
     elapsed = time.monotonic() - t_count
-    return _figures(tally, min(elapsed, seconds) if elapsed > 0 else seconds, clients)
+    cpu_end = cpu() if cpu else {}
+    out = _figures(tally, min(elapsed, seconds) if elapsed > 0 else seconds, clients)
+    # CPU seconds each process spent while the operations were counted: on a shared
+    # machine, CPU per operation moves much less with the other work than ops/s does
+    used = {k: round(cpu_end[k] - v, 3) for k, v in cpu_start.items()
+            if v is not None and cpu_end.get(k) is not None}
+    if used:
+        out["cpu_s"] = used
+        out["cpu_ms_per_op"] = round(1000 * sum(used.values()) / tally.ops, 3) if tally.ops else None
+        out["cpu_cores_used"] = round(sum(used.values()) / elapsed, 2) if elapsed > 0 else None
+    return out
 
 
 # --- HTTP: a small keep-alive HTTP/1.1 client ------------------------------------------------
@@ -315,20 +346,30 @@ def bench_machine(nodes: int, vcs: int, ops: int, seed: int) -> dict[str, Any]:
         "max_ms": round(wall["max_us"] / 1000, 3), "ops": r["ops"], "allocations": c["allocate"],
         "placed": c["allocated"], "releases": c["release"], "preempted": c["preempted"],
         "errors": c["errors"], "cpu_ops_per_s": r["cpu"]["ops_per_s"],
+        "cpu_ms_per_op": round(1000 / r["cpu"]["ops_per_s"], 3) if r["cpu"]["ops_per_s"] else None,
     }
 
 
-def _cluster(root: str, replicas: int, config_path: str, fsync: str, http: bool) -> Any:
+def _cluster(root: str, replicas: int, config_path: str, fsync: str, http: bool,
+             node_options: dict[str, Any] | None = None) -> Any:
     from store.server import LocalCluster
 
-    return LocalCluster(root, replicas, fsync=fsync, cluster_id="bench-scheduler", http=http,
-                        extra_args=["--machine", "scheduler", "--hived-config", config_path])
+    extra = ["--machine", "scheduler", "--hived-config", config_path]
+    if node_options:  # settings without a flag of their own go through a TOML file
+        os.makedirs(root, exist_ok=True)
+        toml = os.path.join(root, "node-options.toml")
+        with open(toml, "w") as f:
+            f.writelines(f"{k} = {json.dumps(v)}\n" for k, v in node_options.items())
+        extra += ["--config", toml]
+    return LocalCluster(root, replicas, fsync=fsync, cluster_id="bench-scheduler", http=http, extra_args=extra)
 
 
 async def bench_http(root: str, config_path: str, *, replicas: int, nodes: int, vcs: int, clients: int,
                      seconds: float, warmup: float, fsync: str, seed: int,
-                     progress: Callable[[str], None] | None) -> dict[str, Any]:
-    cluster = _cluster(os.path.join(root, "http"), replicas, config_path, fsync, http=True)
+                     progress: Callable[[str], None] | None,
+                     node_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    cluster = _cluster(os.path.join(root, "http"), replicas, config_path, fsync, http=True,
+                       node_options=node_options)
     cluster.start_all()
     try:
         await cluster.await_ready(timeout_s=READY_TIMEOUT_S)
@@ -340,17 +381,20 @@ async def bench_http(root: str, config_path: str, *, replicas: int, nodes: int, 
         async def one_op(kind: str, arg: Any) -> tuple[int, Any]:
             conn = free.pop()
             try:
-                if kind == "allocate":
-                    body = json.dumps({"group": arg, "wait": False}, separators=(",", ":")).encode()
-                    return await conn.request("POST", "/v1/groups", body)
-                return await conn.request("DELETE", "/v1/groups/" + quote(arg, safe=""))
+                async with asyncio.timeout(OP_TIMEOUT_S):
+                    if kind == "allocate":
+                        body = json.dumps({"group": arg, "wait": False}, separators=(",", ":")).encode()
+                        return await conn.request("POST", "/v1/groups", body)
+                    return await conn.request("DELETE", "/v1/groups/" + quote(arg, safe=""))
             finally:
                 free.append(conn)
 
         w = Workload(nodes, vcs, seed, prefix="h")
         try:
+            pids: dict[str, int | None] = {"load generator": None}
+            pids.update({f"replica {i}": p.pid for i, p in cluster.procs.items()})
             out = await drive(one_op, w, clients=clients, seconds=seconds, warmup=warmup, progress=progress,
-                              label="http")
+                              label="http", cpu=cpu_sampler(pids))
         finally:
             for c in conns:
                 c.close()
@@ -370,30 +414,33 @@ async def _digests(endpoints: list[tuple[str, int]], timeout_s: float = 20.0) ->
         for host, port in endpoints:
             try:
                 status, body = await http_get_json(host, port, "/v1/status")
-                seen[f"{host}:{port}"] = (body.get("applied"), body.get("digest")) if status == 200 else None
-            except (OSError, ValueError, asyncio.IncompleteReadError):
-                seen[f"{host}:{port}"] = None
+                seen[f"{host}:{port}"] = (body.get("applied"), body.get("digest")) if status == 200 else \
+                    (None, f"status {status}: {str(body)[:200]}")
+            except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                seen[f"{host}:{port}"] = (None, f"{type(e).__name__}: {e}")
         values = set(seen.values())
-        if len(values) == 1 and None not in values or time.monotonic() > deadline:
-            return {"equal": len(values) == 1 and None not in values,
-                    "replicas": {k: (v[1] if v else None) for k, v in seen.items()}}
+        equal = len(values) == 1 and None not in {v[0] for v in values}
+        if equal or time.monotonic() > deadline:
+            return {"equal": equal, "replicas": {k: v[1] for k, v in seen.items()}}
         await asyncio.sleep(0.2)
 
 
 async def bench_embedded(root: str, config_path: str, *, replicas: int, nodes: int, vcs: int, clients: int,
                          seconds: float, warmup: float, fsync: str, seed: int,
-                         progress: Callable[[str], None] | None) -> dict[str, Any]:
+                         progress: Callable[[str], None] | None,
+                         node_options: dict[str, Any] | None = None) -> dict[str, Any]:
     from pathlib import Path
 
     from store.embed import EmbeddedScheduler, SchedulerError
 
-    cluster = _cluster(os.path.join(root, "embedded"), replicas, config_path, fsync, http=True)
+    cluster = _cluster(os.path.join(root, "embedded"), replicas, config_path, fsync, http=True,
+                       node_options=node_options)
     for i in range(1, replicas):  # replica 0 is ours, in this process
         cluster.start(i)
     peers = {i: ("127.0.0.1", p) for i, p in enumerate(cluster.peer_ports)}
     sched = EmbeddedScheduler(0, peers, cluster.data_dir(0), Path(config_path),
                               client=("127.0.0.1", cluster.client_ports[0]), fsync=fsync,
-                              cluster_id=cluster.cluster_id)
+                              cluster_id=cluster.cluster_id, **(node_options or {}))
     try:
         for i in range(1, replicas):
             await cluster.await_ready(i, timeout_s=READY_TIMEOUT_S)
@@ -413,8 +460,10 @@ async def bench_embedded(root: str, config_path: str, *, replicas: int, nodes: i
                 return 400, str(e)
 
         w = Workload(nodes, vcs, seed, prefix="e")
+        pids: dict[str, int | None] = {"replica 0 + load generator": None}
+        pids.update({f"replica {i}": p.pid for i, p in cluster.procs.items()})
         out = await drive(one_op, w, clients=clients, seconds=seconds, warmup=warmup, progress=progress,
-                          label="embedded")
+                          label="embedded", cpu=cpu_sampler(pids))
         _check_alive(cluster)
         out["replicas"] = replicas
         out["is_sequencer"] = sched.is_sequencer
@@ -446,7 +495,7 @@ def load_average() -> list[float] | None:
 
 async def run_bench(*, modes: tuple[str, ...] = MODES, replicas: int = 3, nodes: int = 1024, vcs: int = 8,
                     clients: int = 64, seconds: float = 10.0, warmup: float = 2.0, fsync: str = "batch",
-                    seed: int = 1, machine_ops: int = 20_000,
+                    seed: int = 1, machine_ops: int = 20_000, node_options: dict[str, Any] | None = None,
                     progress: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Run the chosen modes on one generated cluster; the figures (module docstring)."""
     from scheduler_state.bench import generate_config
@@ -465,10 +514,10 @@ async def run_bench(*, modes: tuple[str, ...] = MODES, replicas: int = 3, nodes:
     result: dict[str, Any] = {
         "nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "vcs": vcs, "replicas": replicas, "clients": clients,
         "seconds": seconds, "warmup": warmup, "fsync": fsync, "seed": seed, "cpus": os.cpu_count(),
-        "load_avg_before": load_average(), "modes": {},
+        "node_options": node_options or {}, "load_avg_before": load_average(), "modes": {},
     }
     common = dict(replicas=replicas, nodes=nodes, vcs=vcs, clients=clients, seconds=seconds, warmup=warmup,
-                  fsync=fsync, seed=seed, progress=progress)
+                  fsync=fsync, seed=seed, progress=progress, node_options=node_options)
     try:
         for mode in modes:
             say(f"{mode}: {_describe_mode(mode, replicas, clients, nodes, machine_ops)}")
@@ -511,13 +560,18 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
              f"{result['clients']} clients, {result['seconds']:g} s per mode, fsync={result['fsync']}, "
              f"{result['cpus']} CPUs, load average {result['load_avg_before']} -> {result['load_avg_after']}",
              f"  {'mode':9s} {'ops/s':>9s} {'allocs/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
-             f"{'errors':>7s} {'vs machine':>10s}"]
+             f"{'errors':>7s} {'vs machine':>10s} {'CPU ms/op':>10s} {'cores':>6s}"]
     ratios = result.get("ratio_to_machine", {})
     for mode, m in result["modes"].items():
         ratio = f"{ratios[mode]:.3f}x" if mode in ratios else "1x"
         lines.append(f"  {mode:9s} {m['ops_per_s']:>9.0f} {m['allocations_per_s']:>9.0f} {m['p50_ms']:>8.2f} "
-                     f"{m['p99_ms']:>8.2f} {m['max_ms']:>8.2f} {m['errors']:>7d} {ratio:>10s}")
+                     f"{m['p99_ms']:>8.2f} {m['max_ms']:>8.2f} {m['errors']:>7d} {ratio:>10s} "
+                     f"{_num(m.get('cpu_ms_per_op')):>10s} {_num(m.get('cpu_cores_used')):>6s}")
     return lines
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main(modes: tuple[str, ...], replicas: int, nodes: int, vcs: int, clients: int, seconds: float, warmup: float,
