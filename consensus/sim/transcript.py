@@ -177,6 +177,7 @@ class ClientOp:
     replica: int
     op: list
     invoked: int
+    incarnation: int  # the replica's, when invoked: a restart forgets the command
     result: Any = None
     done: int = -1  # step answered
 
@@ -355,10 +356,14 @@ class Cluster:
     def _deliver(self, item: list, out: list) -> None:
         src, dst, msgs = item
         self.step += 1
+        sub: list[str] = []
+        self._touch(dst, lambda rep: rep.step(src, msgs), sub, "  ")
         shown = self._show(src, dst, msgs)
+        if sub and not shown:  # a muted message with a visible effect is shown after all
+            shown = f"R{src}->R{dst} " + " + ".join(msg_text(m) for m in msgs)
         if shown:
             out.append(shown)
-        self._touch(dst, lambda rep: rep.step(src, msgs), out, "  " if shown else "")
+        out.extend(sub)
 
     def _tick(self, rs: list[int], out: list) -> None:
         self.step += 1
@@ -415,7 +420,8 @@ class Cluster:
         if self.net:
             return False
         live = [r for r in self.reps if r is not None]
-        if any(o.done < 0 and self.reps[o.replica] is not None for o in self.ops):
+        if any(o.done < 0 and self.reps[o.replica] is not None and self.incarnation[o.replica] == o.incarnation
+               for o in self.ops):
             return False
         if not all(rep.idle() for rep in live):
             return False
@@ -466,7 +472,7 @@ class Cluster:
                    f"elections {'manual (campaign R)' if manual else 'by timeout'}")
 
     def do_mute(self, args: list, out: list) -> None:
-        """mute Type...: stop printing these message types (they are still delivered)."""
+        """mute Type...: stop printing these message types (still delivered; shown when their delivery has a visible effect)."""
         self.muted |= set(args)
         out.append("muted: " + (" ".join(sorted(self.muted)) or "nothing"))
 
@@ -498,7 +504,7 @@ class Cluster:
         self._live(r)
         client = len(self.ops) + 1
         self.step += 1
-        self.ops.append(ClientOp(client, r, op, self.step))
+        self.ops.append(ClientOp(client, r, op, self.step, self.incarnation[r]))
         out.append(f"c{client} at R{r}: {op_text(op)}")
         self._touch(r, lambda rep: fn(rep, client), out, "  ")
 
