@@ -22,6 +22,8 @@ import random
 import time
 from typing import Any
 
+import msgpack
+
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 
@@ -32,6 +34,15 @@ class CellarError(Exception):
 
 class Unavailable(CellarError):
     """No node answered within the deadline."""
+
+
+class TooLarge(CellarError):
+    """The command is over the node's limit (``clientwire.MAX_COMMAND_BYTES``); nothing
+    was applied."""
+
+
+class InvalidRequest(CellarError):
+    """The command cannot be sent at all (not encodable); nothing was applied."""
 
 
 class _NodeConn(asyncio.Protocol):
@@ -89,9 +100,41 @@ class _NodeConn(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.queue and not self.closed:
-            self.transport.write(encode_frame(self.queue))
-        self.queue = []
+        queue, self.queue = self.queue, []
+        if not queue or self.closed:
+            return
+        try:
+            self.transport.write(encode_frame(queue))
+        except (ValueError, TypeError):  # over a frame, or a value msgpack cannot encode
+            self._flush_one_by_one(queue)
+
+    def _flush_one_by_one(self, queue: list) -> None:
+        """Fail the requests that cannot go (too large, not encodable) and send the
+        others in frames that fit."""
+        budget = clientwire.MAX_COMMAND_BYTES
+        part: list = []
+        used = 0
+        for req in queue:
+            error: CellarError | None = None
+            try:
+                size = len(msgpack.packb(req, use_bin_type=True))
+            except (TypeError, ValueError, OverflowError) as e:
+                error = InvalidRequest(f"cannot encode the command: {e}")
+            else:
+                if size > budget + 64:
+                    error = TooLarge(f"a command of {size} bytes exceeds the limit of {budget} bytes")
+            if error is not None:
+                fut = self.pending.pop((req[1], req[2]), None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(error)
+                continue
+            if part and used + size > budget:
+                self.transport.write(encode_frame(part))
+                part, used = [], 0
+            part.append(req)
+            used += size
+        if part:
+            self.transport.write(encode_frame(part))
 
 
 class CellarClient:
@@ -160,7 +203,10 @@ class CellarClient:
         conn = await self.connection(node)
         status, result = await asyncio.wait_for(conn.submit(kind, client, seq, op), self.timeout_s)
         if status != clientwire.OK:
-            raise CellarError(str(result))
+            text = str(result)
+            if text.startswith(clientwire.TOO_LARGE):
+                raise TooLarge(text)
+            raise CellarError(text)
         return result
 
     async def status(self, node: int) -> dict:

@@ -46,6 +46,11 @@ class ProtocolConfig:
     initial_sequencer: int = 0
     tick_ms: float = 10.0
     batch_max: int = 256
+    # A batch (one C-instance or log slot, or one Forward) also stops once its commands'
+    # estimated size (op_bytes) reaches this: with commands limited to 1 MiB by the
+    # runtime, every accept stays far below a peer frame (8 MiB). The first command of
+    # a batch always goes.
+    batch_bytes_max: int = 1 << 20
     inflight_max: int = 32
     thrifty: bool = True
     resend_ticks: int = 50
@@ -77,8 +82,8 @@ class ProtocolConfig:
             raise ValueError(f"replica count must be 1..{MAX_REPLICAS}, got {self.n}")
         if not 0 <= self.initial_sequencer < self.n:
             raise ValueError(f"sequencer {self.initial_sequencer} is not a replica id")
-        if self.batch_max < 1 or self.inflight_max < 1:
-            raise ValueError("batch_max and inflight_max must be >= 1")
+        if self.batch_max < 1 or self.inflight_max < 1 or self.batch_bytes_max < 1:
+            raise ValueError("batch_max, batch_bytes_max and inflight_max must be >= 1")
         if not self.peer_order:
             order = tuple(tuple((r + 1 + k) % self.n for k in range(self.n - 1)) for r in range(self.n))
             object.__setattr__(self, "peer_order", order)

@@ -27,11 +27,25 @@ import random
 from .config import ProtocolConfig, ballot_owner, ballot_round, make_ballot
 from .messages import Forward, MAccept, MAck, MCommit, Message, Ping, Vote, VRequest
 from .ready import Reply
-from .replica import ALIVE, ReplicaBase, handles
+from .replica import ALIVE, ReplicaBase, handles, op_bytes, take_batch
 from .rules import pick_highest
 from .statemachine import StateMachine
 
 SLOTS_PER_MSG_MAX = 1024
+# A message carrying several slots' batches is cut once their estimated size reaches
+# this (op_bytes; the first slot always goes), so it stays under a peer frame (8 MiB).
+MSG_BYTES_MAX = 4 << 20
+
+
+def cut_by_bytes(batches: list, count_max: int = SLOTS_PER_MSG_MAX, bytes_max: int = MSG_BYTES_MAX) -> int:
+    """How many of ``batches`` (from the first) one message carries."""
+    n = min(count_max, len(batches))
+    used = 0
+    for i in range(n):
+        used += op_bytes(batches[i])
+        if used >= bytes_max:
+            return i + 1
+    return n
 
 
 class MSlot:
@@ -119,20 +133,19 @@ class MultiPaxosReplica(ReplicaBase):
             if self.id != self.leader:
                 if self.phase != "normal":
                     return
-                cmds = self._pending
-                self._pending = []
-                self.send(self.leader, Forward(self.view, cmds))
+                while self._pending:  # bounded by bytes only: the leader batches by count
+                    cmds = take_batch(self._pending, len(self._pending), self.cfg.batch_bytes_max)
+                    self.send(self.leader, Forward(self.view, cmds))
                 self._fwd_log.append((self.now, cmds))
                 return
             self._queue.extend(self._pending)
             self._pending = []
         if self.id != self.leader or self.phase != "normal":
             return
-        batch_max = self.cfg.batch_max
+        batch_max, bytes_max = self.cfg.batch_max, self.cfg.batch_bytes_max
         queued = self._queued
         while self._queue and self.next_slot - self.committed < self.cfg.inflight_max:
-            batch = self._queue[:batch_max]
-            del self._queue[:batch_max]
+            batch = take_batch(self._queue, batch_max, bytes_max)
             for cmd in batch:
                 queued.pop((cmd[0], cmd[1]), None)
             self._append(batch)
@@ -152,10 +165,16 @@ class MultiPaxosReplica(ReplicaBase):
         start = self.next_slot - len(batches)
         self.persist(["M", self.view, start, batches])
         self._advance_prefix()
-        msg = MAccept(self.view, start, batches)
         peers = self.live_peers()
-        for dst in peers[: self.quorum - 1] if self.cfg.thrifty else peers:
-            self.send(dst, msg)
+        targets = peers[: self.quorum - 1] if self.cfg.thrifty else peers
+        lo = 0
+        while lo < len(batches):
+            k = cut_by_bytes(batches[lo:], len(batches) - lo)
+            msg = MAccept(self.view, start + lo, batches[lo : lo + k])
+            for dst in targets:
+                self.send(dst, msg)
+            lo += k
+        for dst in targets:
             self._accept_tick[dst] = self.now
         self._recompute_commit()
 
@@ -236,6 +255,10 @@ class MultiPaxosReplica(ReplicaBase):
         if upto - start > SLOTS_PER_MSG_MAX:
             upto = start + SLOTS_PER_MSG_MAX
         batches = [self.log[j].batch for j in range(start, upto)]
+        k = cut_by_bytes(batches)
+        if k < len(batches):
+            batches = batches[:k]
+            upto = start + k
         self.send(dst, MCommit(self.view, upto, start, batches))
         self._commit_sent[dst] = upto
 
@@ -283,8 +306,8 @@ class MultiPaxosReplica(ReplicaBase):
             return
         self._heard_from_leader()
         if m.upto <= self.committed:
-            if len(m.batches) == SLOTS_PER_MSG_MAX:
-                # The leader resends slots we hold, cut at SLOTS_PER_MSG_MAX (its
+            if len(m.batches) == SLOTS_PER_MSG_MAX or (m.batches and op_bytes(m.batches) >= MSG_BYTES_MAX):
+                # The leader resends slots we hold, cut at SLOTS_PER_MSG_MAX or by bytes (its
                 # ``acked`` for us restarted at 0 in its view): tell it our prefix, or
                 # it resends the same slots forever and we never get the ones we lack.
                 # (A shorter stale commit ends at the leader's commit point: the next
@@ -341,7 +364,8 @@ class MultiPaxosReplica(ReplicaBase):
                 if stalled and self.acked[dst] < self.next_slot and now - self._accept_tick[dst] >= resend:
                     start = self.acked[dst]
                     end = min(self.next_slot, start + SLOTS_PER_MSG_MAX)
-                    self.send(dst, MAccept(self.view, start, [self.log[j].batch for j in range(start, end)]))
+                    batches = [self.log[j].batch for j in range(start, end)]
+                    self.send(dst, MAccept(self.view, start, batches[: cut_by_bytes(batches)]))
                     self._accept_tick[dst] = now
                 if self.committed > self._commit_sent[dst] or now % self.cfg.heartbeat_ticks == 0:
                     self._send_commit(dst)
@@ -495,8 +519,11 @@ class MultiPaxosReplica(ReplicaBase):
         if batches:
             self.persist(["M", self.view, base, batches])
             self._advance_prefix()
-            for lo in range(0, len(batches), SLOTS_PER_MSG_MAX):
-                self.broadcast(MAccept(self.view, base + lo, batches[lo : lo + SLOTS_PER_MSG_MAX]))
+            lo = 0
+            while lo < len(batches):
+                k = cut_by_bytes(batches[lo:])
+                self.broadcast(MAccept(self.view, base + lo, batches[lo : lo + k]))
+                lo += k
             self._accept_tick = [self.now] * self.n
         else:
             self._advance_prefix()

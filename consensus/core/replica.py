@@ -212,9 +212,7 @@ class ReplicaBase:
         self._persist.append(record)
 
     def _take_batch(self) -> list:
-        batch = self._pending[: self.cfg.batch_max]
-        del self._pending[: self.cfg.batch_max]
-        return batch
+        return take_batch(self._pending, self.cfg.batch_max, self.cfg.batch_bytes_max)
 
     def _reply_ready(self, cmds: list | None) -> None:
         """A batch became ready: answer its blind writes."""
@@ -266,3 +264,32 @@ def handles(table: dict, *types: type):
         return fn
 
     return wrap
+
+
+def op_bytes(value: Any) -> int:
+    """A cheap estimate of ``value``'s encoded size (strings count one byte per
+    character). Pure and deterministic: it only bounds batches."""
+    t = type(value)
+    if t is str or t is bytes:
+        return len(value) + 5
+    if t is list or t is tuple:
+        return 5 + sum(op_bytes(v) for v in value)
+    if t is dict:
+        return 5 + sum(op_bytes(k) + op_bytes(v) for k, v in value.items())
+    return 9
+
+
+def take_batch(queue: list, count_max: int, bytes_max: int) -> list:
+    """Remove and return the first commands of ``queue``: at most ``count_max`` of
+    them, stopping once their estimated size reaches ``bytes_max`` (the first one
+    always goes)."""
+    n = min(count_max, len(queue))
+    used = 0
+    for i in range(n):
+        used += op_bytes(queue[i][2])
+        if used >= bytes_max:
+            n = i + 1
+            break
+    batch = queue[:n]
+    del queue[:n]
+    return batch

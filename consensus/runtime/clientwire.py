@@ -13,7 +13,9 @@ Kinds: ``WRITE`` (answered once the command can no longer be lost: SDPaxos's
 and the digest of its state; ``op`` ignored).
 
 A request that is not of this shape closes the connection (like a malformed peer
-frame): the node cannot tell whom to answer.
+frame): the node cannot tell whom to answer. A request whose ``op`` encodes to more
+than ``MAX_COMMAND_BYTES`` is answered ``ERROR`` with a message that starts with
+``TooLarge`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 WRITE, CALL, READ, STATUS = 0, 1, 2, 3
+# The largest command (its ``op``, msgpack-encoded) a node accepts; a bigger one is
+# answered ``TOO_LARGE`` and never enters the log. Far below a frame (8 MiB), so a
+# C-accept always fits: the core batches by bytes too (ProtocolConfig.batch_bytes_max).
+MAX_COMMAND_BYTES = 1 << 20
+TOO_LARGE = "TooLarge"
 KINDS = (WRITE, CALL, READ, STATUS)
 OK, ERROR = 0, 1
 

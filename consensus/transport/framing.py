@@ -109,7 +109,9 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
+    def feed(self, data: bytes | bytearray | memoryview, sizes: list[int] | None = None) -> list[Any]:
+        """The frames completed by ``data``; with ``sizes``, each one's body length is
+        appended to it (a server that limits single requests checks only big frames)."""
         if self._error is not None:
             raise self._error
         self._buf += data
@@ -128,6 +130,8 @@ class FrameDecoder:
                 if end > len(buf):
                     break
                 out.append(_unpack(buf[pos + FRAME_PREFIX_BYTES : end]))
+                if sizes is not None:
+                    sizes.append(length)
                 pos = end
         except ProtocolError as e:
             self._error = e
