@@ -13,19 +13,24 @@ def test_kv_operations_and_errors():
     assert kv.apply(["append", "s", "x"]) == "x"
     assert kv.apply(["append", "s", "y"]) == "xy"
     assert kv.apply(["delete", "s"]) is True
-    assert kv.apply(["bogus"])[0] == "error"
-    assert kv.apply("not a list")[0] == "error"
-    assert kv.apply(["put", ["unhashable"], 1])[0] == "error"
+    for bad in (["bogus"], "not a list", ["put", ["unhashable"], 1], ["put", 1.5, "x"]):
+        res = kv.apply(bad)
+        assert res["ok"] is False and res["code"] == "InvalidRequest", bad
     assert kv.apply(["get", "a"]) == 3
 
 
 def test_snapshot_is_canonical_and_exact():
+    # Same log, different dict insertion orders (b restored midway): same bytes.
+    log = [["put", k, k] for k in ["x", "b", "a"]] + [["delete", "x"], ["put", "x", 1], ["put", "c", 2]]
     a, b = KVStateMachine(), KVStateMachine()
-    for k in ["x", "b", "a"]:
-        a.apply(["put", k, k])
-    for k in ["a", "x", "b"]:
-        b.apply(["put", k, k])
+    for op in log[:3]:
+        a.apply(op)
+    b.restore(a.snapshot())
+    for op in log[3:]:
+        a.apply(op)
+        b.apply(op)
     assert a.snapshot() == b.snapshot()
+    assert list(a.data) != list(b.data)  # the insertion orders really differ
     c = KVStateMachine()
     c.restore(a.snapshot())
     assert c.snapshot() == a.snapshot() and c.data == a.data
