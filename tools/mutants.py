@@ -412,7 +412,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="multipaxos-mcommit-no-ack",
         file=MP,
-        old="            if len(m.batches) == SLOTS_PER_MSG_MAX:\n",
+        old="            if len(m.batches) == SLOTS_PER_MSG_MAX or (m.batches and op_bytes(m.batches) >= MSG_BYTES_MAX):\n",
         new="            if False:\n",
         rule="liveness: a follower tells a leader that resends what it holds its prefix",
         description="a follower more than SLOTS_PER_MSG_MAX ahead of the new leader's acked never catches up",
@@ -487,6 +487,24 @@ MUTANTS: list[Mutant] = [
         rule="§3.4 with Fig. 7: only an instance the leader itself took (its own ballot) or a chosen one bounds the phantoms",
         description="the phantom bound is the highest instance any voter accepted, so an unchosen recovery no-op at one voter "
         "hides a phantom from the next view (review 6)",
+    ),
+    Mutant(
+        name="taken-counts-chosen-noop",
+        file=SDP,
+        old="if inst > top and (ballot_owner(c.ballot) == leader or (c.committed and c.cmds is not None)):",
+        new="if inst > top and (ballot_owner(c.ballot) == leader or c.committed):",
+        rule="§3.4 with Fig. 7: a chosen no-op of a recoverer says nothing about the leader's instances below it",
+        description="_taken counts any chosen instance as taken by its leader, so a chosen no-op above an open phantom "
+        "hides it from the next view (review 7, hole 1)",
+    ),
+    Mutant(
+        name="propose-below-own-promise",
+        file=SDP,
+        old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:\n",
+        new="            if False:\n",
+        rule="Paxos: an acceptor (the command leader itself) never accepts below a promise it gave; one value per instance",
+        description="a command leader proposes its next command at its old ballot over a recoverer's chosen no-op "
+        "(review 7, hole 2: two values chosen for one C-instance)",
     ),
 ]
 

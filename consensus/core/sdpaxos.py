@@ -650,7 +650,19 @@ class SDPaxosReplica(ReplicaBase):
     def _flush_proposals(self) -> None:
         if self.id in self.crec:
             return  # re-preparing our own instances: new ones wait
+        me = self.id
         while self._pending and len(self.unready) < self.cfg.inflight_max:
+            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:
+                # A recoverer prepared our instances (we promised it a higher ballot),
+                # or we hold a value someone else proposed at our next instance (a
+                # phantom's no-op): proposing now would break that promise or write
+                # over that value (review 7). Re-prepare first, as after a nack: it
+                # adopts what was accepted and moves next_inst past it.
+                if self.now >= self._crec_after[me]:
+                    top = max(self.clog[me], default=self.next_inst - 1)
+                    self._start_crecovery(me, min(self.unready, default=self.next_inst),
+                                          max(self.next_inst - 1, top), self.promised[me])
+                return
             self._propose_instance(self._take_batch())
 
     def _propose_instance(self, cmds: list) -> None:
@@ -1488,14 +1500,18 @@ class SDPaxosReplica(ReplicaBase):
     def _taken(self) -> list[int]:
         """Per leader l, the highest C-instance l is known here to have taken: one we
         accepted at a ballot of l's own (l proposed it, or re-prepared its own, and
-        l's next_inst is past it for good), or one that is chosen. ``c_max`` is no
-        such bound: a recoverer's no-op that was never chosen raises it, and l's next
-        command may still take that instance (review 6)."""
+        l's next_inst is past it for good), or a chosen command (l proposed it). Below
+        it, every instance was proposed by l too (in order). ``c_max`` is no such
+        bound: a recoverer's no-op, chosen or not, raises it, and l's next command may
+        still take an open instance below it (reviews 6 and 7)."""
         out = [f - 1 for f in self.floor_inst]
         for leader in range(self.n):
             top = out[leader]
             for inst, c in self.clog[leader].items():
-                if inst > top and (c.committed or ballot_owner(c.ballot) == leader):
+                # A chosen command was proposed by l (only l makes its commands), and
+                # l proposes in order; a chosen no-op may be a recoverer's, with open
+                # instances of l below it (review 7).
+                if inst > top and (ballot_owner(c.ballot) == leader or (c.committed and c.cmds is not None)):
                     top = inst
             out[leader] = top
         out[self.id] = max(out[self.id], self.next_inst - 1)

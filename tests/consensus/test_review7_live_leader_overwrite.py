@@ -14,10 +14,9 @@ instance at or past l's ``next_inst`` with l in its accept quorum.
 
 import pytest
 
-from .schedules import NEVER, RuleBroken, hole_then_writes, quiet, step_until
+from .schedules import NEVER, RuleBroken, exec_order, hole_then_writes, quiet, step_until
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_a_live_leader_writes_over_a_chosen_phantom_noop():
     """N=5, LAN. At most one replica cut off (R0); the other faults are lost messages.
 
@@ -103,3 +102,14 @@ def test_a_live_leader_writes_over_a_chosen_phantom_noop():
             f"R4's X (quorum R4, R0, R3 at R4's round-0 ballot); per replica {values}; "
             f"X acknowledged: {(104, 2) in acked_at}"
         )
+    # The fix: R4 re-prepares before proposing (its promise to R1 is above its ballot,
+    # and C_4^1 holds R1's value); it learns the chosen no-op and X takes C_4^2.
+    assert chosen == {"None"}, values
+    sim.msg_filter = None
+    sim.net.heal()
+    for r in range(5):
+        sim.nodes[r].election_due = sim.nodes[r]._election_deadline()
+    sim.run()
+    pos = exec_order(sim, {(104, 2)})
+    assert (104, 2) in pos and (104, 2) in acked_at, "X executed and acknowledged"
+    assert {sim.nodes[r].executor.sm.data.get("a") for r in range(5)} == {"X"}
