@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("store.server:up", "Start a local cluster on 127.0.0.1 until Ctrl-C."),
     "demo": ("store.demo:demo", "Local cluster, live workload, sequencer killed and restarted."),
     "bench": ("bench.cluster_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side."),
+    "status": ("store.admin_cli:status", "Each replica's role, view, sequencer, executed slot and digest."),
+    "sequencer": ("store.admin_cli:sequencer", "Move the sequencer: sequencer transfer --to ID."),
 }
 
 

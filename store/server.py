@@ -464,13 +464,30 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
                    f"peers 127.0.0.1:{cluster.peer_ports[i]}")
     addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
     click.echo(f"Reach it from Python: CellarClient([...]) from store.client with {addrs}")
-    click.echo("Ctrl-C stops every node.")
+    click.echo(f"Look at it: cellar status --endpoints {addrs}")
+    click.echo("Ctrl-C (or SIGTERM) stops every node.")
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)  # stop the replicas too, never orphan them
+    reported: set[int] = set()
     try:
-        while all(cluster.alive(i) for i in range(replicas)):
-            time.sleep(0.5)
-        dead = [i for i in range(replicas) if not cluster.alive(i)]
-        click.echo(f"node(s) {dead} exited; stopping the cluster", err=True)
+        # One replica exiting does not stop the others (a majority keeps serving);
+        # the cluster stops when every replica has exited or on Ctrl-C / SIGTERM.
+        while any(cluster.alive(i) for i in range(replicas)):
+            for i in range(replicas):
+                if i not in reported and not cluster.alive(i):
+                    reported.add(i)
+                    code = cluster.procs[i].returncode
+                    click.echo(f"node {i} exited with status {code}: {cluster.log_tail(i, 1)}", err=True)
+            time.sleep(0.2)
+        click.echo("cellar up: every node exited", err=True)
+        exit_code = 1
     except KeyboardInterrupt:
         click.echo("stopping...")
+        exit_code = 0
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         cluster.stop_all()
+    sys.exit(exit_code)

@@ -10,7 +10,7 @@ turn, not one per command::
 Kinds: ``WRITE`` (answered once the command can no longer be lost: SDPaxos's
 "ready"), ``CALL`` (answered with the result of executing it), ``READ`` (a read-only
 ``op``; served under the sequencer lease when possible), ``STATUS`` (the node's status
-and the digest of its state; ``op`` ignored).
+and the digest of its state; ``op`` ignored), ``ADMIN`` (operator actions, below).
 
 A request that is not of this shape closes the connection (like a malformed peer
 frame): the node cannot tell whom to answer. A request whose ``op`` encodes to more
@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
-WRITE, CALL, READ, STATUS = 0, 1, 2, 3
+WRITE, CALL, READ, STATUS, ADMIN = 0, 1, 2, 3, 4
+# ADMIN ops: ["transfer_sequencer", target]: the sequencer hands over to ``target``
+# (answered {"ok": bool, "sequencer": id}; ok false if this node is not the serving
+# sequencer or the target is not a replica).
 # The largest command (its ``op``, msgpack-encoded) a node accepts; a bigger one is
 # answered ``TOO_LARGE`` and never enters the log. Far below a frame (8 MiB), so a
 # C-accept always fits: the core batches by bytes too (ProtocolConfig.batch_bytes_max).
 MAX_COMMAND_BYTES = 1 << 20
 TOO_LARGE = "TooLarge"
-KINDS = (WRITE, CALL, READ, STATUS)
+KINDS = (WRITE, CALL, READ, STATUS, ADMIN)
 OK, ERROR = 0, 1
 
 

@@ -575,6 +575,9 @@ class Node:
                     return
                 conn.reply([client, seq, clientwire.OK, st])
                 continue
+            if kind == clientwire.ADMIN:
+                conn.reply(self._admin(client, seq, op))
+                continue
             if self._installing or len(self._waiters) >= WAITERS_MAX or replica.backlog >= PENDING_MAX:
                 self.stats["refused_busy"] += 1
                 conn.reply([client, seq, clientwire.ERROR, "busy: retry later"])
@@ -597,6 +600,22 @@ class Node:
         self._kick()
         if self._dirty_clients:  # status and refusals; answers to commands wait in the outbox
             self._flush_clients()
+
+    def _admin(self, client: Any, seq: int, op: Any) -> list:
+        """An operator action (clientwire.ADMIN); the answer to send."""
+        replica = self.replica
+        if type(op) is list and len(op) == 2 and op[0] == "transfer_sequencer" and type(op[1]) is int:
+            if not hasattr(replica, "transfer_sequencer"):
+                return [client, seq, clientwire.ERROR, f"{self.cfg.protocol} has no sequencer handover"]
+            try:
+                ok = replica.transfer_sequencer(op[1])
+            except Exception as e:
+                self._core_failed("transfer_sequencer", e)
+                return [client, seq, clientwire.ERROR, "the node stopped"]
+            self._kick()
+            st = replica.status()
+            return [client, seq, clientwire.OK, {"ok": bool(ok), "sequencer": st.get("sequencer", st.get("leader"))}]
+        return [client, seq, clientwire.ERROR, f"unknown admin operation {op!r:.60}"]
 
     def _refuse_too_large(self, conn: Any, requests: list) -> list:
         """Answer the requests of a big frame whose command is over the limit; the

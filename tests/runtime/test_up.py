@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -44,3 +46,103 @@ async def test_up_prints_addresses_serves_and_stops_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def _pids(root) -> list[int]:
+    out = []
+    for i in range(3):
+        with open(os.path.join(root, f"node{i}.ready")) as f:
+            out.append(int(f.read().split('"pid": ')[1].split(",")[0]))
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _start_up(tmp_path):
+    base = random.Random().randrange(10000, 32000)
+    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--replicas", "3", "--dir", str(tmp_path),
+                             "--base-port", str(base)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    assert "cellar status --endpoints" in "".join(lines), "".join(lines)
+    return proc, base
+
+
+async def test_up_survives_one_replica_dying_and_sigterm_stops_every_replica(tmp_path):
+    proc, base = _start_up(tmp_path)
+    try:
+        pids = _pids(tmp_path)
+        os.kill(pids[2], signal.SIGKILL)  # one replica dies: the other two keep serving
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        assert ready, "cellar up said nothing about the dead replica"
+        line = proc.stdout.readline()
+        assert "node 2 exited" in line, line
+        async with CellarClient([("127.0.0.1", base + 100 + i) for i in range(2)], deadline_s=20) as cellar:
+            s = cellar.session()
+            await s.put("k", "v")
+            assert await s.get("k") == "v"
+        assert proc.poll() is None, "cellar up keeps running with a majority"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        for pid in pids[:2]:
+            deadline = time.monotonic() + 10
+            while not _gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _gone(pid), f"replica {pid} orphaned after SIGTERM to cellar up"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def test_status_and_sequencer_transfer_from_the_cli(tmp_path):
+    proc, base = _start_up(tmp_path)
+    endpoints = ",".join(f"127.0.0.1:{base + 100 + i}" for i in range(3))
+    try:
+        async with CellarClient([("127.0.0.1", base + 100 + i) for i in range(3)], deadline_s=20) as cellar:
+            await cellar.session().put("k", "v")
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True, timeout=60)
+
+        st = cli("status", "--endpoints", endpoints, "--json")
+        assert st.returncode == 0, st.stderr
+        rows = json.loads(st.stdout)
+        assert len(rows) == 3 and {r["sequencer"] for r in rows} == {0}
+        assert {r["role"] for r in rows} == {"sequencer", "replica"}
+        moved = cli("sequencer", "transfer", "--to", "2", "--endpoints", endpoints, "--json")
+        assert moved.returncode == 0, moved.stderr
+        assert json.loads(moved.stdout)["sequencer"] == 2
+        rows = json.loads(cli("status", "--endpoints", endpoints, "--json").stdout)
+        assert {r["sequencer"] for r in rows} == {2}
+        async with CellarClient([("127.0.0.1", base + 100 + i) for i in range(3)], deadline_s=20) as cellar:
+            s = cellar.session(node=0)
+            await s.put("k", "w")  # the cluster still serves under the new sequencer
+            assert await s.get("k") == "w"
+        bad = cli("sequencer", "transfer", "--to", "7", "--endpoints", endpoints)
+        assert bad.returncode == 1 and "not one of the 3 replicas" in bad.stderr and "Traceback" not in bad.stderr
+        usage = cli("status", "--endpoints", "nonsense")
+        assert usage.returncode == 2 and "HOST:PORT" in usage.stderr
+        down = cli("status", "--endpoints", "127.0.0.1:1", "--timeout", "0.5")
+        assert down.returncode == 1 and "Traceback" not in down.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
