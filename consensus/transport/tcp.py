@@ -284,6 +284,7 @@ class PeerTransport:
         self._live: set[_PeerConnection] = set()
         self._pending = 0
         self._server: asyncio.Server | None = None
+        self._source: tuple[str, int] | None = None  # local address for dialing (start)
         self._dialers: list[asyncio.Task[None]] = []
         self._flush_scheduled = False
         self._closing = False
@@ -302,6 +303,11 @@ class PeerTransport:
             lambda: _PeerConnection(self, None), listen_host, listen_port, sock=sock,
             backlog=self._pending_connections_max,
         )
+        # Dial from the address we listen on (each replica on its own 127.0.0.x, say):
+        # a peer, and a firewall rule, can then tell replicas apart by source address.
+        host = self._server.sockets[0].getsockname()[0] if self._server.sockets else None
+        if host and host not in ("0.0.0.0", "::"):
+            self._source = (host, 0)
         for peer_id in self._peers:
             if peer_id > self.node_id:
                 self._dialers.append(self._loop.create_task(self._dial_loop(peer_id), name=f"dial-{peer_id}"))
@@ -538,7 +544,7 @@ class PeerTransport:
             try:
                 async with asyncio.timeout(self._connect_timeout_s):
                     _transport, conn = await loop.create_connection(
-                        lambda: _PeerConnection(self, peer_id), host, port)
+                        lambda: _PeerConnection(self, peer_id), host, port, local_addr=self._source)
             except (OSError, TimeoutError):
                 self.stats["dial_failures"] += 1
             if conn is not None:

@@ -504,3 +504,27 @@ async def test_a_silent_connection_is_dropped_and_redialled():
 def test_keepalive_needs_a_longer_dead_after():
     with pytest.raises(ValueError, match="dead_after_s"):
         make(1, {1: bound_socket(), 2: bound_socket()}, Inbox(), keepalive_s=0.1, dead_after_s=0.1)
+
+
+async def test_peers_dial_from_the_address_they_listen_on():
+    """Each replica on its own loopback address: its outgoing connections come from it
+    too, so a peer (and an iptables rule in a fault campaign) can tell replicas apart."""
+    socks = {}
+    for node, host in ((1, "127.0.0.2"), (2, "127.0.0.3")):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        _created.append(s)
+        socks[node] = s
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, ["hello"])
+        await in2.wait_for(lambda m: len(m) >= 1)
+        conn = t2._peer(1).conn  # node 2 accepted node 1's dial
+        assert conn is not None and conn.peername[0] == "127.0.0.2", conn.peername
+    finally:
+        await t1.close()
+        await t2.close()
