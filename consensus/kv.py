@@ -960,10 +960,11 @@ class KVStateMachine:
 
     def _op_lease_keepalive(self, op: dict) -> dict:
         lease = op["id"]
-        now = self._tick(op["now_ms"])
+        now = max(self.now_ms, op["now_ms"])
         entry = self.leases.get(lease)
         if entry is None or entry[1] <= now:
-            raise _Invalid(LEASE_NOT_FOUND, f"lease {lease} not found", id=lease)
+            raise _Invalid(LEASE_NOT_FOUND, f"lease {lease} not found", id=lease)  # changes nothing
+        self._tick(now)
         entry[1] = now + entry[0]
         return {"ok": True, "revision": self.rev, "id": lease, "ttl_ms": entry[0]}
 
