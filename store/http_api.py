@@ -100,6 +100,9 @@ class SchedulerAPI:
         r.add_post("/v1/groups", self.allocate)
         r.add_delete("/v1/groups/{name}", self.release)
         r.add_put("/v1/nodes/{name}/health", self.node_health)
+        r.add_post("/v1/reconfigure", self.reconfigure)
+        r.add_post("/v1/leases/{name}/grant", self.lease_grant)
+        r.add_post("/v1/leases/{name}/renew", self.lease_renew)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/v1/status", self.status)
@@ -309,6 +312,44 @@ class SchedulerAPI:
             raise HTTPError(404, f"node {name} is not in the config", "name")
         result = await self.service.call({"op": "set_node_health", "node": name, "healthy": body["healthy"]})
         return _json(self._unwrap(result))
+
+    async def reconfigure(self, request: web.Request) -> web.Response:
+        """Work-preserving reconfiguration through the log: ``{"config": YAML text or
+        mapping}`` (HiveD's format), validated here before anything is proposed."""
+        from scheduler_state.config import ConfigError, load_config
+
+        body = await self._body(request)
+        if not isinstance(body, dict) or set(body) != {"config"} or not isinstance(body["config"], (str, dict)):
+            raise HTTPError(400, "body must be {\"config\": HiveD config as YAML text or a mapping}", "config")
+        self._inner()
+        try:
+            load_config(body["config"])
+        except ConfigError as e:
+            raise HTTPError(400, f"config: {e}", "config") from None
+        result = await self.service.call({"op": "reconfigure", "config": body["config"]})
+        return _json(self._unwrap(result))
+
+    async def _lease(self, request: web.Request, op: str) -> web.Response:
+        name = request.match_info["name"]
+        body = await self._body(request)
+        ttl = body.get("ttl_ms") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) != {"ttl_ms"}:
+            raise HTTPError(400, "body must be {\"ttl_ms\": milliseconds}", "ttl_ms")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 10 * 365 * 86_400_000:
+            raise HTTPError(400, "ttl_ms must be a positive integer (milliseconds)", "ttl_ms")
+        self._inner()
+        # now_ms is stamped here, by the proposing replica (module docstring of the service)
+        result = await self.service.call({"op": op, "group": name, "ttl_ms": ttl, "now_ms": int(time.time() * 1000)})
+        if isinstance(result, dict) and not result.get("ok") and "does not exist" in str(result.get("error")):
+            raise HTTPError(404, str(result["error"]), "name")
+        return _json(self._unwrap(result))
+
+    async def lease_grant(self, request: web.Request) -> web.Response:
+        """A lease on a group (allocated or waiting): released when it ends unrenewed."""
+        return await self._lease(request, "lease_grant")
+
+    async def lease_renew(self, request: web.Request) -> web.Response:
+        return await self._lease(request, "lease_renew")
 
     # --- probes ----------------------------------------------------------------------------
 

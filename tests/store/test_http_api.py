@@ -155,3 +155,50 @@ async def test_not_ready_until_the_config_check(api):
     assert r.status == 503 and service.proposed == []
     r = await client.get("/nope")
     assert r.status == 404 and (await r.json())["code"] == 404
+
+
+async def test_leases_grant_renew_and_expire_through_the_log(api):
+    client, service = api
+    spec = {"virtualCluster": "vc-b", "priority": 1, "leafCellNumber": 4, "name": "lz"}
+    assert (await client.post("/v1/groups", json=spec)).status == 201
+    r = await client.post("/v1/leases/lz/grant", json={"ttl_ms": 1000})
+    assert r.status == 200
+    first = (await r.json())["lease_expires_ms"]
+    assert service.proposed[-1]["op"] == "lease_grant" and service.proposed[-1]["now_ms"] > 0
+    r = await client.post("/v1/leases/lz/renew", json={"ttl_ms": 60_000})
+    assert r.status == 200 and (await r.json())["lease_expires_ms"] > first
+    n = len(service.proposed)
+    for path, body, code, field in [
+        ("/v1/leases/nope/grant", {"ttl_ms": 10}, 404, "name"),
+        ("/v1/leases/lz/grant", {"ttl_ms": 0}, 400, "ttl_ms"),
+        ("/v1/leases/lz/grant", {"ttl_ms": True}, 400, "ttl_ms"),
+        ("/v1/leases/lz/renew", {"ttl": 10}, 400, "ttl_ms"),
+    ]:
+        r = await client.post(path, json=body)
+        assert r.status == code and (await r.json())["field"] == field, path
+    assert len(service.proposed) == n + 1  # only the unknown group reached the log (answered 404)
+    expired = service.machine.apply({"op": "lease_expire", "now_ms": 2**62})
+    assert expired["expired"] == ["lz"]
+
+
+async def test_reconfigure_is_validated_before_the_log(api):
+    client, service = api
+    assert (await client.post("/v1/groups", json=GANG)).status == 201
+    r = await client.post("/v1/reconfigure", json={"config": "physicalCluster: [unclosed"})
+    assert r.status == 400 and (await r.json())["field"] == "config"
+    r = await client.post("/v1/reconfigure", json={"config": {"physicalCluster": {}}})
+    assert r.status == 400 and (await r.json())["field"] == "config"
+    r = await client.post("/v1/reconfigure", json={"conf": "x"})
+    assert r.status == 400
+    assert service.proposed[-1]["op"] == "allocate"  # nothing else entered the log
+    big = TestClient(TestServer(SchedulerAPI(service).app))  # the config is larger than the fixture's body limit
+    await big.start_server()
+    try:
+        r = await big.post("/v1/reconfigure", json={"config": SMALL.read_text()})
+        assert r.status == 200, await r.text()
+        assert service.proposed[-1]["op"] == "reconfigure"
+        r = await big.get("/v1/inspect/affinitygroups/")
+        assert r.status == 200 and GANG["affinityGroup"]["name"] in json.dumps(await r.json())
+    finally:
+        await big.close()
+    assert not check(service.machine.inner)
