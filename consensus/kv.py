@@ -80,12 +80,15 @@ be a prefix. ``range_end`` ``"\\0"`` means "every key from ``key`` on" (etcd).
 Leases
 ------
 Time never comes from a clock inside ``apply``: grant, keepalive, expire and extend
-carry ``now_ms`` (integer milliseconds, stamped by the replica that proposes them) and
-the machine keeps the largest it has seen (``now_ms`` never goes backwards). A lease
-expires at ``now + ttl_ms``, ``now`` being that maximum when it was granted or kept
-alive. A lease whose expiry is at or below ``now`` is dead for keepalive and put (they
-answer ``LeaseNotFound``) but its keys stay until a ``lease_expire`` (or ``lease_revoke``)
-command deletes them. ``lease_expire`` revokes every lease expired at its ``now_ms``
+carry ``now_ms`` (integer milliseconds, stamped by the replica that proposes them). The
+machine's time ``now`` is the largest ``now_ms`` of the ``lease_expire`` and
+``lease_extend_all`` commands it has applied (the sequencer proposes those): it never
+goes backwards. Grant and keepalive stamps do not move it (any replica may propose
+them; one with a fast clock must not expire other leases early): a lease granted or
+kept alive with stamp ``t`` expires at ``max(now, t) + ttl_ms``. A lease whose expiry is
+at or below ``now`` (or the keepalive's own stamp) is dead for keepalive and put (they
+answer ``LeaseNotFound``) but its keys stay until a ``lease_expire`` (or
+``lease_revoke``) command deletes them. ``lease_expire`` revokes every lease expired at its ``now_ms``
 and deletes their keys in one revision. ``lease_extend_all`` is etcd's failover rule
 (a new leader extends every lease by one TTL): each lease expires ``ttl_ms`` after the
 command's time; a new sequencer proposes it before its first ``lease_expire``.
@@ -945,7 +948,7 @@ class KVStateMachine:
         lease = op.get("id", 0)
         if lease and lease in self.leases:
             raise _Invalid(INVALID_REQUEST, f"lease {lease} already exists")
-        now = self._tick(op["now_ms"])
+        now = max(self.now_ms, op["now_ms"])  # the stamp sets the expiry, not the machine's time
         if not lease:
             lease = self.next_lease
             while lease in self.leases:
@@ -963,8 +966,7 @@ class KVStateMachine:
         now = max(self.now_ms, op["now_ms"])
         entry = self.leases.get(lease)
         if entry is None or entry[1] <= now:
-            raise _Invalid(LEASE_NOT_FOUND, f"lease {lease} not found", id=lease)  # changes nothing
-        self._tick(now)
+            raise _Invalid(LEASE_NOT_FOUND, f"lease {lease} not found", id=lease)
         entry[1] = now + entry[0]
         return {"ok": True, "revision": self.rev, "id": lease, "ttl_ms": entry[0]}
 

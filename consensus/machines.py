@@ -11,6 +11,11 @@ nothing else of it. ``config`` is the machine's own start configuration:
 
 ``scheduler_state`` is imported only when asked for, so the key-value path never
 loads it.
+
+``validator(name)`` is the machine's pure pre-proposal check (``op -> None | error
+result``), what a server runs before proposing a client's command: ``kv`` has one
+(``consensus.kv.validate``: types and size limits, docs/kv.md); a machine without one
+accepts every shape here and refuses bad commands in ``apply``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from consensus.core.statemachine import ReplicatedMachine
-from consensus.kv import KVStateMachine
+from consensus.kv import KVStateMachine, validate
 
 MACHINES = ("kv", "scheduler")
 
@@ -39,6 +44,20 @@ def _scheduler(config: Any) -> ReplicatedMachine:
 
 
 _FACTORIES: dict[str, Callable[[Any], ReplicatedMachine]] = {"kv": _kv, "scheduler": _scheduler}
+
+
+def _accept(op: Any) -> None:
+    return None
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate}
+
+
+def validator(name: str) -> Callable[[Any], Any]:
+    """The pure ``op -> None | error result`` check of machine ``name`` (module docstring)."""
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown machine {name!r} ({', '.join(MACHINES)})")
+    return _VALIDATORS.get(name, _accept)
 
 
 def make_machine(name: str, config: Any = None) -> ReplicatedMachine:

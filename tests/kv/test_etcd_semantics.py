@@ -299,22 +299,29 @@ def test_expired_lease_is_dead_but_its_keys_wait_for_the_expire_command(m):
     m.apply({"op": "lease_keepalive", "id": 5, "now_ms": 50})  # now expires at 150
     before = m.snapshot()
     assert m.apply({"op": "lease_keepalive", "id": 5, "now_ms": 150})["code"] == "LeaseNotFound"
-    assert m.snapshot() == before and m.now_ms == 50  # a refused keepalive does not even move the clock
-    grant(m, 1000, 150, lease=6)  # this one does
-    assert m.apply(put("k2", "v", lease=5))["code"] == "LeaseNotFound"
+    assert m.snapshot() == before
     assert m.data["k"] == "v"  # still there: no expire command yet
-    assert m.apply({"op": "lease_timetolive", "id": 5})["ttl_ms"] == 0
-    assert m.apply({"op": "lease_expire", "now_ms": 10})["expired"] == [5]  # the clock never goes back: now is 150
-    assert "k" not in m.data
+    assert m.apply({"op": "lease_timetolive", "id": 5, "now_ms": 150})["ttl_ms"] == 0
+    assert m.apply({"op": "lease_expire", "now_ms": 149})["expired"] == []
+    assert m.apply(put("k2", "v", lease=5))["ok"]  # alive by the machine's time (149)
+    assert m.apply({"op": "lease_expire", "now_ms": 150}) == {"ok": True, "revision": 4, "expired": [5], "deleted": 2}
+    assert m.data == {}
+    assert m.apply(put("k3", "v", lease=5))["code"] == "LeaseNotFound"
 
 
-def test_lease_clock_never_goes_backwards(m):
-    grant(m, 1000, 5000, lease=1)
-    assert m.now_ms == 5000
-    grant(m, 1000, 10, lease=2)  # a stale clock: the lease runs from 5000
-    assert m.now_ms == 5000 and m.leases[2] == [1000, 6000]
-    assert m.apply({"op": "lease_expire", "now_ms": 5999})["expired"] == []
-    assert m.apply({"op": "lease_expire", "now_ms": 6000})["expired"] == [1, 2]
+def test_lease_clock_moves_only_forward_and_only_by_the_sequencers_commands(m):
+    grant(m, 1000, 5000, lease=1)  # a fast clock: only this lease lives longer
+    assert m.now_ms == 0 and m.leases[1] == [1000, 6000]
+    grant(m, 1000, 10, lease=2)
+    assert m.leases[2] == [1000, 1010]
+    assert m.apply({"op": "lease_expire", "now_ms": 5999})["expired"] == [2] and m.now_ms == 5999
+    assert m.apply({"op": "lease_expire", "now_ms": 100})["expired"] == [] and m.now_ms == 5999  # stale stamp
+    grant(m, 1000, 10, lease=3)  # a slow clock: the lease runs from the machine's time
+    assert m.leases[3] == [1000, 6999]
+    assert m.apply({"op": "lease_keepalive", "id": 3, "now_ms": 20}) == {"ok": True, "revision": 1, "id": 3,
+                                                                         "ttl_ms": 1000}
+    assert m.apply({"op": "lease_expire", "now_ms": 6000})["expired"] == [1]
+    assert m.apply({"op": "lease_extend_all", "now_ms": 10})["extended"] == 1 and m.leases[3] == [1000, 7000]
 
 
 def test_lease_revoke_deletes_attached_keys_in_one_revision(m):
@@ -525,3 +532,13 @@ def test_snapshot_holds_everything(m):
         assert x.apply({"op": "lease_expire", "now_ms": 1050}) == {"ok": True, "revision": 6, "expired": [4], "deleted": 1}
         assert x.apply({"op": "lease_grant", "ttl_ms": 1, "now_ms": 0})["id"] == 1
     assert c.digest() == m.digest() and c.now_ms == 1050
+
+
+def test_the_seam_exposes_the_validator():
+    from consensus.machines import validator
+
+    assert validator("kv")(["put", 1.5, "x"])["code"] == "InvalidRequest"
+    assert validator("kv")(["put", "k", "x"]) is None
+    assert validator("scheduler")({"op": "anything"}) is None  # refused in apply instead
+    with pytest.raises(ValueError):
+        validator("nope")
