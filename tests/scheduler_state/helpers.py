@@ -1,5 +1,6 @@
-"""Shared helpers for the scheduler_state tests: where HiveD's files are, and short
-ways to build machines and issue commands."""
+"""Shared helpers for the scheduler_state tests: where the example configs are (ours,
+under examples/hived-features/, and HiveD's own, in ../shared/hived for the opt-in
+``shared`` tests), and short ways to build machines and issue commands."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ import pytest
 
 from scheduler_state import SchedulerStateMachine, check, load_config
 
-# Configs are read from the shared folder next to the repository (or $CELLAR_SHARED),
-# never copied in.
+# Our own HiveD-format configs; the default suite runs on these.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FEATURES = EXAMPLES / "hived-features"
+
+# HiveD's own configs are read from the shared folder next to the repository (or
+# $CELLAR_SHARED), never copied in. Only tests marked ``shared`` use them
+# (``python3 -m pytest -m shared``); they skip when the folder is absent.
 SHARED = Path(os.environ.get("CELLAR_SHARED") or Path(__file__).resolve().parents[2] / ".." / "shared")
 HIVED = SHARED / "hived"
 FEATURE = HIVED / "feature"
@@ -29,8 +35,19 @@ def feature_config(n: int | str) -> Path:
     return FEATURE / f"hived-config-{n}.yaml"
 
 
-def machine(n: int | str) -> SchedulerStateMachine:
+def hived_machine(n: int | str) -> SchedulerStateMachine:
+    """A machine on HiveD's feature/hived-config-<n>.yaml (``shared`` tests only)."""
     return SchedulerStateMachine(load_config(feature_config(n)))
+
+
+def example(name: str) -> Path:
+    """examples/hived-features/<name>.yaml."""
+    return FEATURES / f"{name}.yaml"
+
+
+def machine(name: str) -> SchedulerStateMachine:
+    """A machine on examples/hived-features/<name>.yaml."""
+    return SchedulerStateMachine(load_config(example(name)))
 
 
 def spec(name: str, vc: str, priority: int, pods: int, leaves: int, leaf_type: str | None = None,

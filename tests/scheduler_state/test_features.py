@@ -1,14 +1,23 @@
 """Every section of HiveD's feature README (../shared/hived/feature/README.md), replayed
 through the command interface on the named hived-config-*.yaml (issue 5, acceptance 1).
 
+Opt-in (marker ``shared``: ``python3 -m pytest -m shared``): it needs HiveD's files in
+../shared/hived. The default suite replays the same sections on our own configs
+(test_example_features.py).
+
 The README's jobs (itc-*.yaml) are not in the shared folder; each test states the job
 shape it assumes, taken from the README's description. Node names are the configs'.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_state import SchedulerStateMachine
-from tests.scheduler_state.helpers import allocate, apply_ok, feature_config, machine, nodes_of, status
+from tests.scheduler_state.helpers import allocate, apply_ok, feature_config, nodes_of, status
+from tests.scheduler_state.helpers import hived_machine as machine
+
+pytestmark = pytest.mark.shared
 
 K80_NODES = ["10.151.41.18", "10.151.41.19", "10.151.41.23", "10.151.41.24"]
 M60_NODE = "10.151.41.26"
