@@ -1,5 +1,8 @@
 """scheduler_state.config: HiveD configs load unchanged; bad ones are rejected with a
-message naming the offending entry (issue 5, config bullet and acceptance 3)."""
+message naming the offending entry (issue 5, config bullet and acceptance 3).
+
+The default suite reads our own configs (examples/); the tests marked ``shared`` read
+HiveD's own files from ../shared/hived (``python3 -m pytest -m shared``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 import yaml
 
 from scheduler_state import ConfigError, SchedulerStateMachine, check, load_config
-from tests.scheduler_state.helpers import FEATURE, HIVED, require_hived
+from tests.scheduler_state.helpers import EXAMPLES, FEATURE, HIVED, example
 
 BASIC = """
 physicalCluster:
@@ -38,11 +41,11 @@ virtualClusters:
 """
 
 
-def full_configs() -> list[Path]:
-    """Every YAML file under ../shared/hived that is a full config (one document with
+def full_configs(root: Path) -> list[Path]:
+    """Every YAML file under ``root`` that is a full config (one document with
     physicalCluster and virtualClusters); request files are not configs."""
     out = []
-    for path in sorted(HIVED.rglob("*.yaml")):
+    for path in sorted(root.rglob("*.yaml")):
         try:
             doc = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
@@ -52,11 +55,7 @@ def full_configs() -> list[Path]:
     return out
 
 
-def test_every_shared_hived_config_loads(hived: Path) -> None:
-    paths = full_configs()
-    names = {p.name for p in paths}
-    assert {"design.yaml", "basic.yaml"} <= names
-    assert {f"hived-config-{n}.yaml" for n in (1, 2, 3, 33, 4, 5, 6, 7, 8)} <= names
+def loads_and_round_trips(paths: list[Path]) -> None:
     for path in paths:
         cfg = load_config(path)
         again = load_config(cfg.to_dict())
@@ -65,6 +64,56 @@ def test_every_shared_hived_config_loads(hived: Path) -> None:
         assert check(m) == [], path
 
 
+def test_every_example_config_loads() -> None:
+    paths = full_configs(EXAMPLES)
+    names = {p.relative_to(EXAMPLES).as_posix() for p in paths}
+    assert {"hived-small.yaml", "hived-demo.yaml"} <= names
+    assert {f"hived-features/{n}.yaml" for n in (
+        "fleet", "pinned", "mixed", "mixed-full-quota", "mixed-no-t4", "mixed-two-t4", "mixed-without-v0",
+        "mixed-no-speech", "mixed-moved-quota")} <= names
+    # The request files are HiveD pod documents, not configs.
+    assert not any(n.endswith("-request.yaml") for n in names)
+    loads_and_round_trips(paths)
+
+
+@pytest.mark.shared
+def test_every_shared_hived_config_loads(hived: Path) -> None:
+    paths = full_configs(HIVED)
+    names = {p.name for p in paths}
+    assert {"design.yaml", "basic.yaml"} <= names
+    assert {f"hived-config-{n}.yaml" for n in (1, 2, 3, 33, 4, 5, 6, 7, 8)} <= names
+    loads_and_round_trips(paths)
+
+
+def test_fleet_config_structure() -> None:
+    """fleet.yaml uses every part of the format that HiveD's design.yaml shows."""
+    cfg = load_config(example("fleet"))
+    assert list(cfg.chains) == ["T4-NODE", "A100-POD", "H100-NODE", "H100-RACK2", "H100-RACK4", "IB-H100-PAIR"]
+    # The leaf type of the IB chain is whatever its lowest childCellType names.
+    assert cfg.chains["IB-H100-PAIR"].leaf_type == "IB-H100-GPU"
+    assert [cfg.chains[c].leaf_type for c in ("H100-NODE", "H100-RACK2", "H100-RACK4")] == ["H100"] * 3
+    m = SchedulerStateMachine(cfg)
+    # Node dgx-a2 holds A100 devices 0..7 (inferred) and T4 devices 8 and 9.
+    devices = sorted((p.chain.info.name, p.leaf_index) for p in m.cluster.node_leaves["dgx-a2"])
+    assert devices == [("A100-POD", i) for i in range(8)] + [("T4-NODE", 8), ("T4-NODE", 9)]
+    # Addresses spelled out (dgx-a1) are those HiveD would infer (dgx-a2).
+    a1 = [p.addr for p in m.cluster.node_leaves["dgx-a1"]]
+    a2 = [p.addr for p in m.cluster.node_leaves["dgx-a2"] if p.chain.info.name == "A100-POD"]
+    assert a1 == [a.replace("dgx-a2", "dgx-a1") for a in a2]
+    # Explicit, permuted device indices are kept (node dgx-a0).
+    a0 = [p.leaf_index for p in m.cluster.node_leaves["dgx-a0"]]
+    assert a0 == [6, 4, 7, 5, 2, 0, 3, 1]
+    # Pinned cells at three levels: a device, a rack of 2 nodes inside a forged rack of
+    # 4, and a whole top-level cell.
+    assert (m.cluster.pinned_cells["VIS-T4"].ctype, m.cluster.pinned_cells["VIS-T4"].level) == ("T4", 1)
+    assert m.cluster.pinned_cells["VIS-RACK"].ctype == "H100-RACK2"
+    assert m.cluster.pinned_cells["VIS-IB"].ctype == "IB-H100-PAIR"
+    summary = cfg.summary()
+    assert summary["virtualClusters"]["vision"] == {"virtualCells": 6, "pinnedCells": 3, "nonPinnedLeafCells": 56}
+    assert len(cfg.node_names()) == 19
+
+
+@pytest.mark.shared
 def test_design_config_structure(hived: Path) -> None:
     cfg = load_config(HIVED / "config" / "design.yaml")
     assert list(cfg.chains) == ["CT1-NODE", "3-DGX1-P100-NODE", "DGX2-V100-NODE", "3-DGX2-V100-NODE",
@@ -82,7 +131,19 @@ def test_design_config_structure(hived: Path) -> None:
     assert m.cluster.pinned_cells["VC1-YQW-CT1"].level == 1
 
 
-def test_addresses_are_inferred_like_hived(hived: Path) -> None:
+def test_addresses_are_inferred_like_hived() -> None:
+    """A top cell defaults to its index, cells below the node to their index among the
+    node's cells of that type (so devices are 0..n-1 on each node)."""
+    m = SchedulerStateMachine(load_config(example("mixed")))
+    leaves = [p.addr for p in m.cluster.node_leaves["gpu-v1"]]
+    assert leaves == [f"0/gpu-v1/{q}/{p}/{d}" for q, p, d in (
+        (0, 0, 0), (0, 0, 1), (0, 1, 2), (0, 1, 3), (1, 2, 4), (1, 2, 5), (1, 3, 6), (1, 3, 7))]
+    t4 = [p.addr for p in m.cluster.node_leaves["gpu-t0"]]
+    assert t4 == [f"1/gpu-t0/{a}/{b}" for a, b in ((0, 0), (0, 1), (1, 2), (1, 3))]
+
+
+@pytest.mark.shared
+def test_hived_addresses_are_inferred_like_hived(hived: Path) -> None:
     m = SchedulerStateMachine(load_config(FEATURE / "hived-config-2.yaml"))
     leaves = [p.addr for p in m.cluster.node_leaves["10.151.41.19"]]
     assert leaves == [f"0/10.151.41.19/{a}/{b}" for a, b in ((0, 0), (0, 1), (1, 2), (1, 3))]
@@ -208,6 +269,22 @@ def test_pinned_cells() -> None:
     bad(d, "physicalCells[0].cellChildren[1]", "nested inside pinned cell 'OUTER'")
 
 
+def test_fleet_yaml_variants_name_the_entry() -> None:
+    d = yaml.safe_load(example("fleet").read_text())
+    broken = copy.deepcopy(d)
+    broken["virtualClusters"]["speech"]["virtualCells"][0]["cellNumber"] = 3
+    bad(broken, "quota does not fit", "chain A100-POD")
+    broken = copy.deepcopy(d)
+    # dgx-a1 (physicalCells[3].cellChildren[1]) loses a GPU under socket 0's first link.
+    broken["physicalCluster"]["physicalCells"][3]["cellChildren"][1]["cellChildren"][0]["cellChildren"][0][
+        "cellChildren"].pop()
+    bad(broken, "physicalCells[3].cellChildren[1].cellChildren[0].cellChildren[0]", "needs all 2 children")
+    broken = copy.deepcopy(d)
+    broken["virtualClusters"]["ops"]["pinnedCells"] = [{"pinnedCellId": "VIS-IB"}]
+    bad(broken, "virtualClusters.vision.pinnedCells[2]", "already referred to by VC 'ops'")
+
+
+@pytest.mark.shared
 def test_design_yaml_variants_name_the_entry(hived: Path) -> None:
     d = yaml.safe_load((HIVED / "config" / "design.yaml").read_text())
     broken = copy.deepcopy(d)
@@ -219,9 +296,8 @@ def test_design_yaml_variants_name_the_entry(hived: Path) -> None:
 
 
 def test_reconfigure_with_a_bad_config_changes_nothing() -> None:
-    require_hived()
-    m = SchedulerStateMachine(load_config(FEATURE / "hived-config-2.yaml"))
-    m.apply({"op": "allocate", "group": {"virtualCluster": "vc1", "leafCellNumber": 1, "name": "a"}})
+    m = SchedulerStateMachine(load_config(example("mixed")))
+    assert m.apply({"op": "allocate", "group": {"virtualCluster": "vision", "leafCellNumber": 1, "name": "a"}})["ok"]
     before = m.snapshot()
     for config in ("physicalCluster: [", {"physicalCluster": {}}, 42, BASIC.replace("cellNumber: 1", "cellNumber: 5")):
         r = m.apply({"op": "reconfigure", "config": config})
