@@ -5,12 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from scheduler_state.cli import scheduler
 from store.cli import main
+from tests.scheduler_state.helpers import example
 
 
+def test_validate_accepts_example_config() -> None:
+    r = CliRunner().invoke(scheduler, ["validate", str(example("fleet"))])
+    assert r.exit_code == 0, r.output
+    assert "valid: 6 chains, 19 nodes, 142 leaf cells, 3 virtual clusters" in r.output
+    assert "chain A100-POD: 1 top cells, 3 nodes, 24 x A100" in r.output
+    r = CliRunner().invoke(scheduler, ["validate", "--json", str(example("pinned"))])
+    assert r.exit_code == 0
+    assert json.loads(r.output)["virtualClusters"]["cv"]["pinnedCells"] == 1
+
+
+@pytest.mark.shared
 def test_validate_accepts_hived_config(hived: Path) -> None:
     r = CliRunner().invoke(scheduler, ["validate", str(hived / "config" / "design.yaml")])
     assert r.exit_code == 0, r.output
@@ -43,6 +56,6 @@ def test_bench_json_small() -> None:
     assert r.exit_code != 0 and "multiple of 16" in r.output
 
 
-def test_reachable_through_cellar_cli(hived: Path) -> None:
-    r = CliRunner().invoke(main, ["scheduler", "validate", str(hived / "config" / "basic.yaml")])
+def test_reachable_through_cellar_cli() -> None:
+    r = CliRunner().invoke(main, ["scheduler", "validate", str(example("pinned"))])
     assert r.exit_code == 0 and "valid" in r.output
