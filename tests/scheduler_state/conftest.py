@@ -11,5 +11,6 @@ from tests.scheduler_state.helpers import require_hived
 
 @pytest.fixture
 def hived() -> Path:
-    """The ../shared/hived folder; tests using it skip cleanly when it is absent."""
+    """The ../shared/hived folder, for the opt-in ``shared`` tests (``-m shared``); they
+    skip cleanly when it is absent. The default suite uses examples/hived-features."""
     return require_hived()

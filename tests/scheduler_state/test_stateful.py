@@ -1,9 +1,11 @@
-"""Randomized command sequences on HiveD's design config (issue 5, acceptance 2).
+"""Randomized command sequences on a config with every HiveD feature (issue 5,
+acceptance 2): our examples/hived-features/fleet.yaml by default, HiveD's own design.yaml
+with ``-m shared``.
 
 A Hypothesis ``RuleBasedStateMachine`` allocates (guaranteed, opportunistic, pinned,
 lazy, any size), releases (whole groups and single pods), marks nodes bad and healthy,
-reconfigures between design.yaml and two variants, grants and expires leases, and
-round-trips snapshots. After every step:
+reconfigures between the config and two variants (quota moved between VCs; a node
+removed), grants and expires leases, and round-trips snapshots. After every step:
 
 - ``scheduler_state.invariants.check`` finds nothing;
 - a reference model (plain bookkeeping of names, priorities and quotas) agrees with the
@@ -19,24 +21,83 @@ round-trips snapshots. After every step:
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from scheduler_state import SchedulerStateMachine, check, load_config
-from tests.scheduler_state.helpers import HIVED
+from scheduler_state import Config, SchedulerStateMachine, check, load_config
+from tests.scheduler_state.helpers import example
 
-DESIGN = HIVED / "config" / "design.yaml"
-if not DESIGN.is_file():
-    pytest.skip(f"HiveD design config not found at {DESIGN.resolve()}", allow_module_level=True)
+Target = tuple[str, str | None, str | None]  # (vc, leafCellType, pinnedCellId)
 
 
-def _variants() -> list[dict[str, Any]]:
-    base = yaml.safe_load(DESIGN.read_text())
+@dataclass(frozen=True)
+class Profile:
+    """A config, its reconfiguration variants, and what the rules draw from it."""
+
+    variants: list[dict[str, Any]]  # variants[0] is the starting config
+    targets: list[Target]  # valid targets of the config, and a few errors
+    contended: list[Target]  # three small scopes: 24 leaves, 2 leaves, a pinned rack
+    crowd_guaranteed: int  # leafCellNumber of the 2 pods put on the pinned rack at start
+    crowd_opportunistic: list[tuple[str, int, int, str, bool]]  # (type, pods, size, vc, wait)
+    leaf_types: list[str | None]
+    vcs: list[str]
+    sizes: list[int]
+
+    @cached_property
+    def base(self) -> Config:
+        return load_config(self.variants[0])
+
+    @cached_property
+    def nodes(self) -> list[str]:
+        return self.base.node_names()
+
+
+def fleet_profile() -> Profile:
+    base = yaml.safe_load(example("fleet").read_text())
+    vision = base["virtualClusters"]["vision"]["virtualCells"]
+    assert vision[2] == {"cellType": "H100-NODE", "cellNumber": 2}
+    v1 = copy.deepcopy(base)  # one standalone H100 node of quota moves from vision to speech
+    v1["virtualClusters"]["vision"]["virtualCells"][2]["cellNumber"] = 1
+    v1["virtualClusters"]["speech"]["virtualCells"].append({"cellType": "H100-NODE", "cellNumber": 1})
+    v2 = copy.deepcopy(base)  # the standalone H100 node h-solo-1 leaves the cluster
+    v2["physicalCluster"]["physicalCells"] = [
+        c for c in v2["physicalCluster"]["physicalCells"] if c.get("cellAddress") != "h-solo-1"]
+    v2["virtualClusters"]["vision"]["virtualCells"][2]["cellNumber"] = 1
+    return Profile(
+        variants=[base, v1, v2],
+        targets=[
+            ("vision", "H100", None), ("vision", None, None), ("vision", None, "VIS-T4"),
+            ("vision", None, "VIS-RACK"), ("vision", None, "VIS-IB"), ("speech", "A100", None),
+            ("speech", "T4", None), ("speech", None, None), ("speech", "H100", None), ("ops", None, None),
+            ("audio", None, None),
+        ],
+        contended=[("speech", "A100", None), ("speech", "T4", None), ("vision", None, "VIS-RACK")],
+        crowd_guaranteed=4,
+        crowd_opportunistic=[("A100", 1, 4, "vision", False), ("T4", 1, 1, "vision", True),
+                             ("H100", 2, 8, "speech", False)],
+        leaf_types=[None, "T4", "T4", "A100", "A100", "H100", "IB-H100-GPU"],
+        vcs=["vision", "speech", "ops"],
+        sizes=[1, 1, 2, 3, 4, 8],
+    )
+
+
+def design_profile(hived: Path) -> Profile:
+    base = yaml.safe_load((hived / "config" / "design.yaml").read_text())
     v1 = copy.deepcopy(base)  # one DGX2 node of quota moves from VC1 to VC2
     v1["virtualClusters"]["VC1"]["virtualCells"][2]["cellNumber"] = 1
     v1["virtualClusters"]["VC2"]["virtualCells"].append({"cellType": "DGX2-V100-NODE", "cellNumber": 1})
@@ -44,262 +105,275 @@ def _variants() -> list[dict[str, Any]]:
     v2["physicalCluster"]["physicalCells"] = [
         c for c in v2["physicalCluster"]["physicalCells"] if c.get("cellAddress") != "0.0.5.0"]
     v2["virtualClusters"]["VC1"]["virtualCells"][2]["cellNumber"] = 1
-    return [base, v1, v2]
+    return Profile(
+        variants=[base, v1, v2],
+        targets=[
+            ("VC1", "DGX2-V100", None), ("VC1", None, None), ("VC1", None, "VC1-YQW-CT1"),
+            ("VC1", None, "VC1-YQW-DGX2"), ("VC1", None, "VC1-YQW-IB-DGX2"), ("VC2", "DGX1-P100", None),
+            ("VC2", "CT1", None), ("VC2", None, None), ("VC2", "DGX2-V100", None), ("VC3", None, None),
+        ],
+        contended=[("VC2", "DGX1-P100", None), ("VC2", "CT1", None), ("VC1", None, "VC1-YQW-DGX2")],
+        crowd_guaranteed=8,
+        crowd_opportunistic=[("DGX1-P100", 1, 4, "VC1", False), ("CT1", 1, 1, "VC1", True),
+                             ("DGX2-V100", 2, 8, "VC2", False)],
+        leaf_types=[None, "CT1", "CT1", "DGX1-P100", "DGX1-P100", "DGX2-V100", "IB-DGX2-V100-V100"],
+        vcs=["VC1", "VC2"],
+        sizes=[1, 1, 2, 4, 8, 16],
+    )
 
 
-VARIANTS = _variants()
-BASE_CONFIG = load_config(VARIANTS[0])
-NODES = BASE_CONFIG.node_names()
-# (vc, leafCellType, pinnedCellId): valid targets of the design config, and two errors.
-TARGETS = [
-    ("VC1", "DGX2-V100", None), ("VC1", None, None), ("VC1", None, "VC1-YQW-CT1"),
-    ("VC1", None, "VC1-YQW-DGX2"), ("VC1", None, "VC1-YQW-IB-DGX2"), ("VC2", "DGX1-P100", None),
-    ("VC2", "CT1", None), ("VC2", None, None), ("VC2", "DGX2-V100", None), ("VC3", None, None),
-]
-LEAF_TYPES = [None, "CT1", "CT1", "DGX1-P100", "DGX1-P100", "DGX2-V100", "IB-DGX2-V100-V100"]
+def model(profile: Profile) -> type[RuleBasedStateMachine]:
+    """The rule-based state machine drawing from ``profile``."""
+    P = profile
+    class SchedulerModel(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = SchedulerStateMachine(P.base)
+            self.log: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            self.allocated: set[str] = set()
+            self.pending: list[str] = []
+            self.count = 0
+            self.now_ms = 0
 
+        # -- plumbing ---------------------------------------------------------------------
 
-class SchedulerModel(RuleBasedStateMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.m = SchedulerStateMachine(BASE_CONFIG)
-        self.log: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        self.allocated: set[str] = set()
-        self.pending: list[str] = []
-        self.count = 0
-        self.now_ms = 0
+        def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
+            before = self.m.snapshot()
+            r = self.m.apply(cmd)
+            self.log.append((cmd, r))
+            outcome = "error" if "error" in r else "waiting" if r.get("waiting") else "ok"
+            event(f"{cmd['op']}: {outcome}")
+            if r.get("preempted"):
+                event("allocate: preempted others")
+            if r.get("lazy_preempted"):
+                event("lazily preempted others")
+            if r.get("scheduled"):
+                event("waiting group placed later")
+            assert "internal error" not in str(r.get("error", "")), (cmd, r)
+            if "error" in r or (r.get("waiting") and not r.get("queued")):
+                # Rejected, or answered "waiting" without queueing (a failed attempt, maybe
+                # after trying and reverting lazy preemptions): nothing may have changed.
+                assert self.m.snapshot() == before, f"{cmd} -> {r} changed the state"
+            for s in r.get("scheduled", []):
+                self.pending.remove(s["group"])
+                if "dropped" not in s:
+                    self.allocated.add(s["group"])
+                    self._victims(s["preempted"])
+            return r
 
-    # -- plumbing ---------------------------------------------------------------------
+        def _victims(self, names: list[str]) -> None:
+            for v in names:
+                assert v in self.allocated, f"unknown victim {v}"
+                self.allocated.discard(v)
 
-    def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        before = self.m.snapshot()
-        r = self.m.apply(cmd)
-        self.log.append((cmd, r))
-        outcome = "error" if "error" in r else "waiting" if r.get("waiting") else "ok"
-        event(f"{cmd['op']}: {outcome}")
-        if r.get("preempted"):
-            event("allocate: preempted others")
-        if r.get("lazy_preempted"):
-            event("lazily preempted others")
-        if r.get("scheduled"):
-            event("waiting group placed later")
-        assert "internal error" not in str(r.get("error", "")), (cmd, r)
-        if "error" in r or (r.get("waiting") and not r.get("queued")):
-            # Rejected, or answered "waiting" without queueing (a failed attempt, maybe
-            # after trying and reverting lazy preemptions): nothing may have changed.
-            assert self.m.snapshot() == before, f"{cmd} -> {r} changed the state"
-        for s in r.get("scheduled", []):
-            self.pending.remove(s["group"])
-            if "dropped" not in s:
-                self.allocated.add(s["group"])
-                self._victims(s["preempted"])
-        return r
+        def name(self) -> str:
+            self.count += 1
+            return f"g{self.count}"
 
-    def _victims(self, names: list[str]) -> None:
-        for v in names:
-            assert v in self.allocated, f"unknown victim {v}"
-            self.allocated.discard(v)
+        def _before(self) -> dict[str, tuple[str, int, bool, bool]]:
+            return {g.name: (g.req.vc, g.priority, g.opportunistic, g.req.lazy_preemption)
+                    for g in self.m.groups.values()}
 
-    def name(self) -> str:
-        self.count += 1
-        return f"g{self.count}"
-
-    def _before(self) -> dict[str, tuple[str, int, bool, bool]]:
-        return {g.name: (g.req.vc, g.priority, g.opportunistic, g.req.lazy_preemption)
-                for g in self.m.groups.values()}
-
-    def _must_place(self, vc: str, leaf_type: str | None, pinned: str | None, prio: int,
-                    pods: list[int]) -> bool:
-        """VC safety as a reference: 1-leaf pods that fit what the VC's quota leaves at
-        this priority must be placed (when no node is bad)."""
-        cl = self.m.cluster
-        if cl.bad_nodes or any(k != 1 for k in pods) or vc not in cl.vc_scopes:
+        def _must_place(self, vc: str, leaf_type: str | None, pinned: str | None, prio: int,
+                        pods: list[int]) -> bool:
+            """VC safety as a reference: 1-leaf pods that fit what the VC's quota leaves at
+            this priority must be placed (when no node is bad)."""
+            cl = self.m.cluster
+            if cl.bad_nodes or any(k != 1 for k in pods) or vc not in cl.vc_scopes:
+                return False
+            if pinned is not None:
+                scope = cl.vc_pinned[vc].get(pinned)
+                scopes = [scope] if scope is not None else []
+            else:
+                scopes = [s for s in cl.vc_scopes[vc].values() if leaf_type is None or s.chain.info.leaf_type == leaf_type]
+            for s in scopes:
+                held = 0
+                for g in self.m.vc_groups[vc].values():
+                    if g.opportunistic or g.priority < prio:
+                        continue
+                    held += sum(1 for pod in g.pods for v in (pod.vleaves or []) if v is not None and v.scope is s)
+                if s.leaves - held >= len(pods):
+                    return True
             return False
-        if pinned is not None:
-            scope = cl.vc_pinned[vc].get(pinned)
-            scopes = [scope] if scope is not None else []
-        else:
-            scopes = [s for s in cl.vc_scopes[vc].values() if leaf_type is None or s.chain.info.leaf_type == leaf_type]
-        for s in scopes:
-            held = 0
-            for g in self.m.vc_groups[vc].values():
-                if g.opportunistic or g.priority < prio:
-                    continue
-                held += sum(1 for pod in g.pods for v in (pod.vleaves or []) if v is not None and v.scope is s)
-            if s.leaves - held >= len(pods):
-                return True
-        return False
 
-    # -- rules --------------------------------------------------------------------------
+        # -- rules --------------------------------------------------------------------------
 
-    @initialize(lazy=st.lists(st.booleans(), min_size=4, max_size=4), k=st.sampled_from([2, 4]))
-    def crowd(self, lazy: list[bool], k: int) -> None:
-        """Start busy: low-priority groups (some lazy) fill VC2 and VC1's pinned rack, and
-        opportunistic groups sit on the same chains, so later rules meet contention."""
-        self.allocate_guaranteed(("VC2", "DGX1-P100", None), 0, 2, 4, lazy[0], False)
-        self.allocate_guaranteed(("VC2", "DGX1-P100", None), 1, 1, k, lazy[1], False)
-        self.allocate_guaranteed(("VC1", None, "VC1-YQW-DGX2"), 0, 2, 8, lazy[2], False)
-        self.allocate_guaranteed(("VC2", "CT1", None), 0, 1, 1, lazy[3], True)
-        self.allocate_opportunistic("DGX1-P100", 1, 4, "VC1", False)
-        self.allocate_opportunistic("CT1", 1, 1, "VC1", True)
-        self.allocate_opportunistic("DGX2-V100", 2, 8, "VC2", False)
+        @initialize(lazy=st.lists(st.booleans(), min_size=4, max_size=4), k=st.sampled_from([2, 4]))
+        def crowd(self, lazy: list[bool], k: int) -> None:
+            """Start busy: low-priority groups (some lazy) fill the contended scopes, and
+            opportunistic groups sit on the same chains, so later rules meet contention."""
+            (a, b, c), guaranteed, opportunistic = P.contended, P.crowd_guaranteed, P.crowd_opportunistic
+            self.allocate_guaranteed(a, 0, 2, 4, lazy[0], False)
+            self.allocate_guaranteed(a, 1, 1, k, lazy[1], False)
+            self.allocate_guaranteed(c, 0, 2, guaranteed, lazy[2], False)
+            self.allocate_guaranteed(b, 0, 1, 1, lazy[3], True)
+            for leaf_type, pods, size, vc, wait in opportunistic:
+                self.allocate_opportunistic(leaf_type, pods, size, vc, wait)
 
-    @rule(where=st.sampled_from(TARGETS), prio=st.integers(0, 3), pods=st.integers(1, 3),
-          k=st.sampled_from([1, 1, 2, 4, 8, 16]), lazy=st.booleans(), wait=st.booleans())
-    def allocate_guaranteed(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int,
-                            lazy: bool, wait: bool) -> None:
-        vc, leaf_type, pinned = where
-        name = self.name()
-        group: dict[str, Any] = {"virtualCluster": vc, "priority": prio, "lazyPreemptionEnable": lazy,
-                                 "affinityGroup": {"name": name,
-                                                   "members": [{"podNumber": pods, "leafCellNumber": k}]}}
-        if leaf_type:
-            group["leafCellType"] = leaf_type
-        if pinned:
-            group["pinnedCellId"] = pinned
-        must = self._must_place(vc, leaf_type, pinned, prio, [k] * pods)
-        before = self._before()
-        r = self.run({"op": "allocate", "group": group, "wait": wait})
-        if must:
-            assert r["ok"], f"VC safety: {vc} had room at priority {prio} but got {r}"
-        if r["ok"]:
-            for v in r["preempted"]:
-                vvc, vprio, vopp, _ = before[v]
-                assert vopp or v in r.get("lazy_preempted", []) or (vvc == vc and vprio < prio), (v, before[v], r)
-            for v in r["lazy_preempted"]:
-                vvc, vprio, vopp, vlazy = before[v]
-                assert vvc == vc and vprio < prio and vlazy and not vopp
-                assert self.m.groups[v].opportunistic
-            self._victims(r["preempted"])
-            self.allocated.add(name)
-        elif r.get("queued"):
-            self.pending.append(name)
+        @rule(where=st.sampled_from(profile.targets), prio=st.integers(0, 3), pods=st.integers(1, 3),
+              k=st.sampled_from(profile.sizes), lazy=st.booleans(), wait=st.booleans())
+        def allocate_guaranteed(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int,
+                                lazy: bool, wait: bool) -> None:
+            vc, leaf_type, pinned = where
+            name = self.name()
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio, "lazyPreemptionEnable": lazy,
+                                     "affinityGroup": {"name": name,
+                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            if pinned:
+                group["pinnedCellId"] = pinned
+            must = self._must_place(vc, leaf_type, pinned, prio, [k] * pods)
+            before = self._before()
+            r = self.run({"op": "allocate", "group": group, "wait": wait})
+            if must:
+                assert r["ok"], f"VC safety: {vc} had room at priority {prio} but got {r}"
+            if r["ok"]:
+                for v in r["preempted"]:
+                    vvc, vprio, vopp, _ = before[v]
+                    assert vopp or v in r.get("lazy_preempted", []) or (vvc == vc and vprio < prio), (v, before[v], r)
+                for v in r["lazy_preempted"]:
+                    vvc, vprio, vopp, vlazy = before[v]
+                    assert vvc == vc and vprio < prio and vlazy and not vopp
+                    assert self.m.groups[v].opportunistic
+                self._victims(r["preempted"])
+                self.allocated.add(name)
+            elif r.get("queued"):
+                self.pending.append(name)
 
-    # Most of the design cluster is idle in short runs; this rule crowds the small
-    # scopes (VC2's 24 DGX1-P100 leaves and 2 CT1 leaves, VC1's pinned DGX2 rack) so
-    # that preemption, lazy preemption and waiting happen often.
-    @rule(where=st.sampled_from([("VC2", "DGX1-P100", None), ("VC2", "CT1", None),
-                                 ("VC1", None, "VC1-YQW-DGX2")]),
-          prio=st.integers(0, 3), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
-          lazy=st.booleans(), wait=st.booleans())
-    def allocate_contended(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int,
-                           lazy: bool, wait: bool) -> None:
-        self.allocate_guaranteed(where, prio, pods, k, lazy, wait)
+        # Most of the cluster is idle in short runs; this rule crowds three small scopes
+        # (a VC's 24 leaves of one type, a VC's 2 leaves of another, a pinned rack) so that
+        # preemption, lazy preemption and waiting happen often.
+        @rule(where=st.sampled_from(profile.contended),
+              prio=st.integers(0, 3), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
+              lazy=st.booleans(), wait=st.booleans())
+        def allocate_contended(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int,
+                               lazy: bool, wait: bool) -> None:
+            self.allocate_guaranteed(where, prio, pods, k, lazy, wait)
 
-    @rule(leaf_type=st.sampled_from(LEAF_TYPES), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
-          vc=st.sampled_from(["VC1", "VC2"]), wait=st.booleans())
-    def allocate_opportunistic(self, leaf_type: str | None, pods: int, k: int, vc: str, wait: bool) -> None:
-        name = self.name()
-        group: dict[str, Any] = {"virtualCluster": vc, "priority": -1,
-                                 "affinityGroup": {"name": name, "members": [{"podNumber": pods, "leafCellNumber": k}]}}
-        if leaf_type:
-            group["leafCellType"] = leaf_type
-        cl = self.m.cluster
-        chains = cl.chains_by_leaf_type.get(leaf_type, []) if leaf_type else list(cl.chains.values())
-        must = k == 1 and any(sum(t.oavail for t in ch.tops) >= pods for ch in chains)
-        r = self.run({"op": "allocate", "group": group, "wait": wait})
-        if must:
+        @rule(leaf_type=st.sampled_from(profile.leaf_types), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
+              vc=st.sampled_from(profile.vcs), wait=st.booleans())
+        def allocate_opportunistic(self, leaf_type: str | None, pods: int, k: int, vc: str, wait: bool) -> None:
+            name = self.name()
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": -1,
+                                     "affinityGroup": {"name": name, "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            cl = self.m.cluster
+            chains = cl.chains_by_leaf_type.get(leaf_type, []) if leaf_type else list(cl.chains.values())
+            must = k == 1 and any(sum(t.oavail for t in ch.tops) >= pods for ch in chains)
+            r = self.run({"op": "allocate", "group": group, "wait": wait})
+            if must:
+                assert r["ok"], r
+            if r["ok"]:
+                assert r["preempted"] == [] and r["opportunistic"]
+                self.allocated.add(name)
+            elif r.get("queued"):
+                self.pending.append(name)
+
+        @precondition(lambda self: self.allocated or self.pending)
+        @rule(data=st.data())
+        def release(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending))
+            r = self.run({"op": "release", "group": name})
             assert r["ok"], r
-        if r["ok"]:
-            assert r["preempted"] == [] and r["opportunistic"]
-            self.allocated.add(name)
-        elif r.get("queued"):
-            self.pending.append(name)
+            if name in self.pending:
+                self.pending.remove(name)
+            else:
+                self.allocated.discard(name)
 
-    @precondition(lambda self: self.allocated or self.pending)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending))
-        r = self.run({"op": "release", "group": name})
-        assert r["ok"], r
-        if name in self.pending:
-            self.pending.remove(name)
-        else:
-            self.allocated.discard(name)
+        @precondition(lambda self: self.allocated)
+        @rule(data=st.data())
+        def release_pods(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.allocated)))
+            n = len(self.m.groups[name].pods)
+            pods = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n))
+            r = self.run({"op": "release", "group": name, "pods": pods})
+            assert r["ok"], r
+            if r["released"]:
+                self.allocated.discard(name)
 
-    @precondition(lambda self: self.allocated)
-    @rule(data=st.data())
-    def release_pods(self, data: st.DataObject) -> None:
-        name = data.draw(st.sampled_from(sorted(self.allocated)))
-        n = len(self.m.groups[name].pods)
-        pods = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n))
-        r = self.run({"op": "release", "group": name, "pods": pods})
-        assert r["ok"], r
-        if r["released"]:
-            self.allocated.discard(name)
+        @rule(node=st.sampled_from(profile.nodes), healthy=st.booleans())
+        def set_node_health(self, node: str, healthy: bool) -> None:
+            r = self.run({"op": "set_node_health", "node": node, "healthy": healthy})
+            # A variant config drops a node; naming it then is an error.
+            assert r["ok"] or (node not in self.m.cluster.node_leaves and "not in the config" in r["error"]), r
 
-    @rule(node=st.sampled_from(NODES), healthy=st.booleans())
-    def set_node_health(self, node: str, healthy: bool) -> None:
-        r = self.run({"op": "set_node_health", "node": node, "healthy": healthy})
-        # A variant config drops node 0.0.5.0; naming it then is an error.
-        assert r["ok"] or (node not in self.m.cluster.node_leaves and "not in the config" in r["error"]), r
+        @rule(variant=st.integers(0, len(profile.variants) - 1))
+        def reconfigure(self, variant: int) -> None:
+            r = self.run({"op": "reconfigure", "config": P.variants[variant]})
+            assert r["ok"], r
+            for d in r["dropped"]:
+                if d["group"] in self.pending:
+                    self.pending.remove(d["group"])
+            for name in r["lazy_preempted"]:
+                assert self.m.groups[name].opportunistic
 
-    @rule(variant=st.integers(0, len(VARIANTS) - 1))
-    def reconfigure(self, variant: int) -> None:
-        r = self.run({"op": "reconfigure", "config": VARIANTS[variant]})
-        assert r["ok"], r
-        for d in r["dropped"]:
-            if d["group"] in self.pending:
-                self.pending.remove(d["group"])
-        for name in r["lazy_preempted"]:
-            assert self.m.groups[name].opportunistic
+        @precondition(lambda self: self.allocated or self.pending)
+        @rule(data=st.data(), ttl=st.integers(1, 50))
+        def lease_grant(self, data: st.DataObject, ttl: int) -> None:
+            name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending))
+            assert self.run({"op": "lease_grant", "group": name, "now_ms": self.now_ms, "ttl_ms": ttl})["ok"]
 
-    @precondition(lambda self: self.allocated or self.pending)
-    @rule(data=st.data(), ttl=st.integers(1, 50))
-    def lease_grant(self, data: st.DataObject, ttl: int) -> None:
-        name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending))
-        assert self.run({"op": "lease_grant", "group": name, "now_ms": self.now_ms, "ttl_ms": ttl})["ok"]
+        @rule(step=st.integers(0, 60))
+        def lease_expire(self, step: int) -> None:
+            self.now_ms += step
+            r = self.run({"op": "lease_expire", "now_ms": self.now_ms})
+            for name in r["expired"]:
+                self.allocated.remove(name)
+            for name in r["cancelled"]:
+                self.pending.remove(name)
 
-    @rule(step=st.integers(0, 60))
-    def lease_expire(self, step: int) -> None:
-        self.now_ms += step
-        r = self.run({"op": "lease_expire", "now_ms": self.now_ms})
-        for name in r["expired"]:
-            self.allocated.remove(name)
-        for name in r["cancelled"]:
-            self.pending.remove(name)
+        @rule()
+        def snapshot_roundtrip(self) -> None:
+            snap = self.m.snapshot()
+            fresh = SchedulerStateMachine(P.base)
+            fresh.restore(snap)
+            assert fresh.snapshot() == snap
+            self.m = fresh  # carry on with the restored copy: restore must be exact
 
-    @rule()
-    def snapshot_roundtrip(self) -> None:
-        snap = self.m.snapshot()
-        fresh = SchedulerStateMachine(BASE_CONFIG)
-        fresh.restore(snap)
-        assert fresh.snapshot() == snap
-        self.m = fresh  # carry on with the restored copy: restore must be exact
+        # -- checks -----------------------------------------------------------------------------
 
-    # -- checks -----------------------------------------------------------------------------
+        @invariant()
+        def invariants_hold(self) -> None:
+            problems = check(self.m)
+            assert not problems, problems
 
-    @invariant()
-    def invariants_hold(self) -> None:
-        problems = check(self.m)
-        assert not problems, problems
+        @invariant()
+        def model_agrees(self) -> None:
+            groups = self.m.apply({"op": "list_groups"})
+            assert set(groups["allocated"]) == self.allocated
+            assert groups["pending"] == self.pending
 
-    @invariant()
-    def model_agrees(self) -> None:
-        groups = self.m.apply({"op": "list_groups"})
-        assert set(groups["allocated"]) == self.allocated
-        assert groups["pending"] == self.pending
+        def teardown(self) -> None:
+            replay = SchedulerStateMachine(P.base)
+            for cmd, result in self.log:
+                assert replay.apply(cmd) == result, f"replay diverged at {cmd}"
+            assert replay.snapshot() == self.m.snapshot()
 
-    def teardown(self) -> None:
-        replay = SchedulerStateMachine(BASE_CONFIG)
-        for cmd, result in self.log:
-            assert replay.apply(cmd) == result, f"replay diverged at {cmd}"
-        assert replay.snapshot() == self.m.snapshot()
+    return SchedulerModel
 
 
-SchedulerModel.TestCase.settings = settings(
+SHORT = settings(
     max_examples=30, stateful_step_count=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-test_scheduler_state_machine = SchedulerModel.TestCase
-
-
-class LongSchedulerModel(SchedulerModel):
-    pass
-
-
-LongSchedulerModel.TestCase.settings = settings(
+LONG = settings(
     max_examples=400, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-test_scheduler_state_machine_long = pytest.mark.timeout(3600)(pytest.mark.slow(LongSchedulerModel.TestCase))
+
+
+def test_scheduler_state_machine() -> None:
+    run_state_machine_as_test(model(fleet_profile()), settings=SHORT)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_scheduler_state_machine_long() -> None:
+    run_state_machine_as_test(model(fleet_profile()), settings=LONG)
+
+
+@pytest.mark.shared
+def test_scheduler_state_machine_on_hived_design(hived: Path) -> None:
+    run_state_machine_as_test(model(design_profile(hived)), settings=SHORT)
