@@ -118,8 +118,9 @@ MAX_REQUEST_BYTES = 1 << 20
 """A whole command, msgpack-encoded: 1 MiB (= ``clientwire.MAX_COMMAND_BYTES``)."""
 MAX_KEY_BYTES = 4 << 10
 """A key (or range end): 4 KiB of UTF-8 or bytes."""
-MAX_VALUE_BYTES = MAX_REQUEST_BYTES - (16 << 10)
-"""A value: 1 MiB less 16 KiB, so a put of a largest key and value fits a request."""
+MAX_VALUE_BYTES = MAX_REQUEST_BYTES
+"""A value: 1 MiB. A value may take (almost) a whole request; ``MAX_REQUEST_BYTES``, which
+also counts the key and the command around them, is the limit that binds a put."""
 MAX_TXN_OPS = 128
 """Compares, and ops in each branch, of one txn (etcd's ``--max-txn-ops``)."""
 MAX_LEASE_TTL_MS = 9_000_000_000 * 1000
@@ -559,7 +560,7 @@ class KVStateMachine:
         if type(op) is list and len(op) == 3 and op[0] == "put":  # the hot path: a legacy put
             key, value = op[1], op[2]
             if (type(key) is str and type(value) is str and 0 < len(key) <= MAX_KEY_BYTES
-                    and len(value) <= MAX_VALUE_BYTES and key.isascii() and value.isascii()):
+                    and len(key) + len(value) <= MAX_REQUEST_BYTES - 16 and key.isascii() and value.isascii()):
                 self._wrev = self.rev + 1
                 self._put_rec(key, value, 0)
                 self._end()

@@ -437,15 +437,26 @@ def test_invalid_commands_are_errors_before_and_in_the_log(op, code):
 
 def test_limits_are_inclusive_and_agree_with_the_runtime():
     assert K.MAX_REQUEST_BYTES == clientwire.MAX_COMMAND_BYTES
-    key, value = "k" * K.MAX_KEY_BYTES, b"v" * K.MAX_VALUE_BYTES
-    op = put(key, value)
-    assert validate(op) is None and len(msgpack.packb(op, use_bin_type=True)) <= K.MAX_REQUEST_BYTES
-    assert validate(["put", key, value]) is None
+    key = "k" * K.MAX_KEY_BYTES
+    assert validate(put(key, "v")) is None
+    # The request limit binds a put: the largest value that fits beside the key and the framing.
+    for shape in (lambda v: put(key, v), lambda v: ["put", key, v], lambda v: ["put", "k", v]):
+        room = K.MAX_REQUEST_BYTES - (len(msgpack.packb(shape(b""), use_bin_type=True)) - 2) - 5  # bin8 -> bin32
+        assert len(msgpack.packb(shape(b"v" * room), use_bin_type=True)) == K.MAX_REQUEST_BYTES
+        assert validate(shape(b"v" * room)) is None
+        assert validate(shape(b"v" * (room + 1)))["code"] == "TooLarge"
+        m = KVStateMachine()
+        assert m.apply(shape(b"v" * (room + 1)))["code"] == "TooLarge" and m.rev == 1
+        assert m.apply(shape("v" * (room + 1)))["code"] == "TooLarge" and m.rev == 1  # the str fast path too
+        m.apply(shape("v" * room))
+        assert m.rev == 2
+    # What the runtime's limit test sends: a value of MAX_COMMAND_BYTES - 64 in a legacy put.
+    assert validate(["put", "ok0", "v" * (clientwire.MAX_COMMAND_BYTES - 64)]) is None
     m = KVStateMachine()
-    assert m.apply(op)["ok"]
-    m.apply(["put", "s", "x" * K.MAX_VALUE_BYTES])
+    m.apply(["put", "s", "x" * (K.MAX_VALUE_BYTES - 100)])
+    assert m.apply(["append", "s", "y" * 100]) == "x" * (K.MAX_VALUE_BYTES - 100) + "y" * 100
     assert m.apply(["append", "s", "y"])["code"] == "TooLarge"  # would grow past the limit
-    assert m.data["s"] == "x" * K.MAX_VALUE_BYTES
+    assert len(m.data["s"]) == K.MAX_VALUE_BYTES
     assert validate(put("\u00e9" * (K.MAX_KEY_BYTES // 2), "v")) is None  # counted in UTF-8 bytes
     assert validate(put("\u00e9" * (K.MAX_KEY_BYTES // 2 + 1), "v"))["code"] == "TooLarge"
     assert validate(put("\ud800", "v"))["code"] == "InvalidRequest"  # not encodable
