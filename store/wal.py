@@ -3,48 +3,61 @@
 The WAL stores opaque ``bytes`` payloads (the caller msgpack-encodes its acceptor
 records: promises, accepted C- and O-instances, views, commit markers) under
 consecutive sequence numbers starting at 1. ``docs/storage.md`` describes the
-on-disk format, the fsync modes and the recovery rules in full; this docstring is
-the interface.
+on-disk format, the fsync modes, the recovery rules and the crash guarantees in
+full; this docstring is the interface.
 
 Opening and recovery::
 
     wal, records = WAL.open(directory, fsync="batch", segment_bytes_max=64 << 20,
-                            replay_from_seq=1)
+                            replay_from_seq=1, stream=False)
     for seq, payload in records: ...        # every recovered record >= replay_from_seq
 
-``WAL.open`` reads every segment, verifies every record (length, CRC32C, sequence
-number), truncates a torn tail of the *last* segment (logging one warning naming the
-file and offset) and raises ``WALCorruption`` (whose message names the file and the
-byte offset) on damage anywhere else. It holds an exclusive ``flock`` on
-``<directory>/LOCK`` until ``close()``.
+``WAL.open`` reads every segment, verifies every record and every commit marker,
+truncates a torn tail of the *last* segment (everything after its last valid commit
+marker, logging one warning naming the file and offset) and raises ``WALCorruption``
+(whose message names the file and the byte offset) on damage that a crash cannot
+explain: anywhere in a non-last segment, or before a point that a later intact
+commit marker vouches was durable. With ``stream=True`` the records come as an
+iterator that re-reads one segment at a time (verification has already happened),
+so the whole log is never held in memory; consume it before the first append. It
+holds an exclusive ``flock`` on ``<directory>/LOCK`` until ``close()``.
 
 Writing (all on one thread, the event loop's)::
 
     seq = wal.append(payload)               # buffered; not durable yet
     last = wal.append_many([p1, p2, p3])    # returns the last seq assigned
-    durable = wal.sync()                    # group commit: one fsync covers all
+    durable = wal.sync()                    # group commit: one commit marker, one fsync
     wal.durable_seq, wal.last_seq, wal.first_seq, wal.stats["fsyncs"]
-    wal.compact(upto_seq)                   # drop whole segments <= upto_seq
-    wal.close()                             # sync (per mode) and release
+    wal.compact(upto_seq)                   # drop whole segments <= upto_seq, oldest first
+    wal.close()                             # sync (per mode), seal, release
     wal.abandon()                           # crash simulation: release without syncing
+
+Each group commit ends with a *commit marker*: the last seq of the batch, the
+length and CRC32C of the batch's bytes, and the offset up to which the segment was
+already durable when the marker was written (a claim that is always true). Only
+records covered by a valid marker are replayed. Every checksum in a segment is
+seeded with a random 64-bit salt from its header, so a record or marker embedded in
+a payload (or left over from anything else) never verifies.
 
 Fsync modes (``fsync=``):
 
-- ``"batch"`` (default): ``append`` only buffers; ``sync()`` writes the buffer and
-  issues *one* ``fdatasync`` that covers every record appended since the previous
-  one. The runtime calls it (or ``GroupCommitter``) once per event-loop turn and
-  releases a reply only once its record's seq is ``<= durable_seq``. Replies never
-  leave before the covering fsync completes; the cost of an fsync is shared by every
-  record of the turn.
+- ``"batch"`` (default): ``append`` only buffers; ``sync()`` writes the buffer and its
+  commit marker and issues *one* ``fdatasync`` that covers every record appended
+  since the previous one. The runtime calls it (or ``GroupCommitter``) once per
+  event-loop turn and releases a reply only once its record's seq is
+  ``<= durable_seq``.
 - ``"always"``: every ``append``/``append_many`` call writes and fsyncs before it
-  returns (one fsync per call). Simplest and slowest; it blocks the caller.
-- ``"never"``: no per-record fsync; ``sync()`` only hands the buffer to the OS and
-  reports it as "durable". That survives a *process* crash (the page cache keeps
-  it) but not power loss or a kernel crash. For tests and benchmarks only.
+  returns (one marker and one fsync per call). Simplest and slowest.
+- ``"never"``: no per-record fsync; ``sync()`` only hands the buffer (and marker) to
+  the OS and reports it as "durable". That survives a *process* crash (the page
+  cache keeps it) but not power loss or a kernel crash. For tests and benchmarks.
 
-In every mode, creating a segment (at open and at rotation) fsyncs the previous
-segment, the new segment's header and the directory, so only the last segment can
-ever hold unsynced bytes (recovery relies on that).
+In every mode, creating a segment (at open and at rotation) seals and fsyncs the
+previous segment, fsyncs the new segment's header and the directory, so only the
+last segment can ever hold unsynced bytes (recovery relies on that). Compaction
+deletes the oldest segment first and fsyncs the directory after each deletion, so
+a crash leaves a gap-free suffix. Recovery ends with an fsync of the last segment,
+the directory and its parent.
 
 Group commit from asyncio (``GroupCommitter``)::
 
@@ -56,9 +69,10 @@ Group commit from asyncio (``GroupCommitter``)::
     await committer.close()
 
 One fsync runs at a time, in a single worker thread, so the loop keeps accepting
-work; records appended while it is in flight are covered by the next one. An fsync
-error is fatal (retrying after a failed fsync is unsafe: the kernel may have dropped
-the dirty pages): every waiter gets the error and the WAL refuses further writes.
+work; records appended while it is in flight are covered by the next one. An error
+from a write, an fsync or a segment creation is fatal (retrying after a failed
+fsync is unsafe: the kernel may have dropped the dirty pages): every waiter gets
+the error and the WAL refuses further writes.
 
 Threading: the WAL is not thread-safe. ``prepare_sync``/``complete_sync`` run on the
 owner's thread and only ``perform_sync`` (a bare ``fdatasync``) runs on the
@@ -77,7 +91,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import crc32c
@@ -85,18 +99,31 @@ import crc32c
 log = logging.getLogger(__name__)
 
 SEGMENT_MAGIC = b"CELLRWAL"
-SEGMENT_VERSION = 1
-# magic, version, flags, first_seq, crc32c of the 20 bytes before it.
-_SEGMENT_HEADER = struct.Struct(">8sHHQI")
-SEGMENT_HEADER_BYTES = _SEGMENT_HEADER.size  # 24
-# length of payload, crc32c, seq. The crc covers (length, seq, payload) so a damaged
-# length or a record at the wrong position cannot pass.
+SEGMENT_VERSION = 2
+# Version 1 (no salt, no commit markers) is still read; its last segment is closed
+# at open and appends go to a new version-2 segment (docs/storage.md).
+# v1 header: magic, version, flags, first_seq, crc32c of the 20 bytes before it.
+_SEGMENT_HEADER_V1 = struct.Struct(">8sHHQI")
+SEGMENT_HEADER_BYTES_V1 = _SEGMENT_HEADER_V1.size  # 24
+# v2 header: magic, version, flags, first_seq, salt, crc32c of the 28 bytes before it.
+_SEGMENT_HEADER = struct.Struct(">8sHHQQI")
+SEGMENT_HEADER_BYTES = _SEGMENT_HEADER.size  # 32
+# length of payload, crc32c, seq. The crc covers (salt, length, seq, payload) so a
+# damaged length, a record at the wrong position or a record-shaped payload cannot pass.
 _RECORD_HEADER = struct.Struct(">IIQ")
 RECORD_HEADER_BYTES = _RECORD_HEADER.size  # 16
-_CRC_PREFIX = struct.Struct(">IQ")
+_CRC_PREFIX_V1 = struct.Struct(">IQ")
+_CRC_PREFIX = struct.Struct(">QIQ")
 _ZERO_RECORD_HEADER = bytes(RECORD_HEADER_BYTES)
+# A commit marker sits where a record header would and starts with this length value
+# (no record is that long): tag, crc32c, last_seq, batch_bytes, batch_crc, durable_end.
+COMMIT_TAG = 0xFFFFFFFF
+_COMMIT_TAG_BYTES = COMMIT_TAG.to_bytes(4, "big")
+_COMMIT = struct.Struct(">IIQIIQ")
+COMMIT_MARKER_BYTES = _COMMIT.size  # 32
 
 SEGMENT_BYTES_MAX_DEFAULT = 64 << 20
+SEGMENT_BYTES_MAX_LIMIT = (1 << 32) - 1  # batch_bytes is a 32-bit field
 WRITE_BUFFER_BYTES_MAX_DEFAULT = 1 << 20
 _SEGMENT_NAME = re.compile(r"^wal-(\d{20})\.log$")
 FSYNC_MODES = ("always", "batch", "never")
@@ -133,27 +160,70 @@ def segment_name(first_seq: int) -> str:
     return f"wal-{first_seq:020d}.log"
 
 
-def _record_crc(length: int, seq: int, payload: bytes | memoryview) -> int:
-    return crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX.pack(length, seq)))
+def _record_crc(length: int, seq: int, payload: bytes | memoryview, salt: int | None) -> int:
+    if salt is None:  # version 1
+        return crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX_V1.pack(length, seq)))
+    return crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX.pack(salt, length, seq)))
 
 
-def encode_record(seq: int, payload: bytes) -> bytes:
-    """One record as it sits on disk: header + payload."""
+def encode_record(seq: int, payload: bytes, salt: int | None = None) -> bytes:
+    """One record as it sits on disk: header + payload (``salt=None``: version 1)."""
     length = len(payload)
-    return _RECORD_HEADER.pack(length, _record_crc(length, seq, payload), seq) + payload
+    return _RECORD_HEADER.pack(length, _record_crc(length, seq, payload, salt), seq) + payload
 
 
-def _encode_segment_header(first_seq: int) -> bytes:
-    head = struct.pack(">8sHHQ", SEGMENT_MAGIC, SEGMENT_VERSION, 0, first_seq)
+def _marker_crc(salt: int, body: bytes | memoryview) -> int:
+    """crc32c over (salt, tag, the marker's bytes after its crc field)."""
+    return crc32c.crc32c(body, crc32c.crc32c(salt.to_bytes(8, "big") + _COMMIT_TAG_BYTES))
+
+
+def encode_commit(salt: int, last_seq: int, batch_bytes: int, batch_crc: int, durable_end: int) -> bytes:
+    body = struct.pack(">QIIQ", last_seq, batch_bytes, batch_crc, durable_end)
+    return _COMMIT_TAG_BYTES + _marker_crc(salt, body).to_bytes(4, "big") + body
+
+
+def _encode_segment_header(first_seq: int, salt: int) -> bytes:
+    head = struct.pack(">8sHHQQ", SEGMENT_MAGIC, SEGMENT_VERSION, 0, first_seq, salt)
     return head + struct.pack(">I", crc32c.crc32c(head))
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """fsync a directory, making the creations, renames and deletions in it durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_fsync_dir = fsync_dir
+
+
+def makedirs_durable(path: str | os.PathLike[str]) -> str:
+    """``os.makedirs`` whose result survives power loss: each directory created is
+    fsynced into its parent, and the leaf's parent is fsynced even when the leaf
+    already existed (an earlier process may have crashed before doing it)."""
+    path = os.path.abspath(os.fspath(path))
+    missing = []
+    p = path
+    while not os.path.isdir(p):  # bounded by the depth of the path
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    synced = set()
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        fsync_dir(os.path.dirname(d))
+        synced.add(os.path.dirname(d))
+    parent = os.path.dirname(path)
+    if parent not in synced:
+        fsync_dir(parent)
+    return path
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -164,12 +234,38 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
+def _drop_cached(fd: int) -> None:
+    """Best effort: drop clean cached pages so recovery reads what is on the disk,
+    not pages a failed writeback left in the cache ("fsyncgate")."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (AttributeError, OSError):
+        pass
+
+
+def _read_file(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _drop_cached(fd)
+        chunks = []
+        while True:  # bounded by the file size
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True, slots=True)
 class SyncTicket:
-    """One pending group commit: fsync ``fd`` and everything ``<= seq`` is durable."""
+    """One pending group commit: fsync ``fd`` and everything ``<= seq`` is durable,
+    and so is the segment up to byte ``end``."""
 
     fd: int
     seq: int
+    end: int = 0
 
 
 @dataclass(slots=True)
@@ -181,8 +277,64 @@ class _Segment:
 # --- recovery -----------------------------------------------------------------
 
 
-def _parse_record(data: bytes, pos: int, size: int) -> tuple[str | None, int, int, int]:
-    """Try the record at ``pos``: (problem or None, length, crc, seq)."""
+@dataclass(slots=True)
+class _SegmentScan:
+    records: list[tuple[int, bytes]]
+    next_seq: int
+    valid_end: int  # offset just past the last replayable byte (v2: last valid marker)
+    torn_reason: str | None
+    version: int = SEGMENT_VERSION
+    salt: int = 0
+    claimed_end: int = 0  # highest durable_end claimed by a valid marker
+    discard: bool = False  # a torn segment creation: delete the file
+
+
+def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple[int, int, int] | None:
+    """(version, salt, header bytes), or None for a torn creation of the last segment.
+    Raises ``WALCorruption`` for any other header problem."""
+    size = len(data)
+    problem = None
+    version = salt = 0
+    hdr = SEGMENT_HEADER_BYTES
+    if size < SEGMENT_HEADER_BYTES_V1:
+        problem = "segment header missing or torn"
+    elif data[:SEGMENT_HEADER_BYTES_V1] == bytes(SEGMENT_HEADER_BYTES_V1):
+        problem = "segment header is zero-filled"
+    elif data[:8] != SEGMENT_MAGIC:
+        problem = f"bad segment magic {data[:8]!r}"
+    else:
+        version = struct.unpack_from(">H", data, 8)[0]
+        if version == 1:
+            _m, _v, _f, header_seq, crc = _SEGMENT_HEADER_V1.unpack_from(data, 0)
+            hdr = SEGMENT_HEADER_BYTES_V1
+            if crc32c.crc32c(data[: hdr - 4]) != crc:
+                problem = "segment header checksum mismatch"
+        elif version == SEGMENT_VERSION:
+            if size < SEGMENT_HEADER_BYTES:
+                problem = "segment header missing or torn"
+            else:
+                _m, _v, _f, header_seq, salt, crc = _SEGMENT_HEADER.unpack_from(data, 0)
+                if crc32c.crc32c(data[: hdr - 4]) != crc:
+                    problem = "segment header checksum mismatch"
+        else:
+            raise WALCorruption(path, 0, f"unsupported segment version {version} (this build reads 1 and 2)")
+        if problem is None and header_seq != first_seq:
+            raise WALCorruption(path, 0, f"segment header says first seq {header_seq}, file name says {first_seq}")
+    if problem is None:
+        return version, salt, hdr
+    rest = data[SEGMENT_HEADER_BYTES:].strip(b"\x00")
+    if is_last and not rest:
+        # A crash while the segment was being created: its header is fsynced before
+        # any record goes in, and nothing follows it, so nothing acknowledged lives here.
+        return None
+    if is_last:
+        problem += (f", but {len(rest)} nonzero bytes follow it (not a torn segment creation; "
+                    f"acknowledged records may be in this file, so it is not deleted)")
+    raise WALCorruption(path, 0, problem)
+
+
+def _parse_record_v1(data: bytes, pos: int, size: int) -> tuple[str | None, int, int, int]:
+    """Try the version-1 record at ``pos``: (problem or None, length, crc, seq)."""
     if size - pos < RECORD_HEADER_BYTES:
         return "partial record header", 0, 0, 0
     length, crc, seq = _RECORD_HEADER.unpack_from(data, pos)
@@ -192,30 +344,23 @@ def _parse_record(data: bytes, pos: int, size: int) -> tuple[str | None, int, in
     if end > size:
         return f"record length {length} runs past end of file ({size} bytes)", length, crc, seq
     body = memoryview(data)[pos + RECORD_HEADER_BYTES : end]
-    if _record_crc(length, seq, body) != crc:
+    if _record_crc(length, seq, body, None) != crc:
         return "record checksum mismatch", length, crc, seq
     return None, length, crc, seq
 
 
-def _find_valid_record_after(data: bytes, pos: int, size: int, seq_bad: int) -> tuple[int, int] | None:
-    """The first intact record that starts after ``pos`` with a seq above ``seq_bad``.
-
-    Finding one means the damage at ``pos`` is followed by real log data: corruption,
-    not a torn tail. Bounded by the segment size, and fast in the common cases: an
-    intact record has a nonzero seq, so a zero-filled tail is skipped (``rstrip``);
-    and its seq lies in a narrow range whose big-endian encodings share their high
-    bytes, so candidates are located with ``bytes.find`` on that prefix (C speed)
-    and only they pay for a header unpack and a CRC.
-    """
+def _find_valid_record_after_v1(data: bytes, pos: int, size: int, seq_bad: int) -> tuple[int, int] | None:
+    """Version 1 only: the first intact record that starts after ``pos`` with a seq
+    above ``seq_bad`` (damage followed by log data is corruption in version 1)."""
     seq_lo = seq_bad + 1
-    seq_hi = seq_bad + (size - pos) // RECORD_HEADER_BYTES  # can't fit more records than that
+    seq_hi = seq_bad + (size - pos) // RECORD_HEADER_BYTES
     lo, hi = seq_lo.to_bytes(8, "big"), seq_hi.to_bytes(8, "big")
     k = 0
     while k < 8 and lo[k] == hi[k]:
         k += 1
     prefix = lo[:k]
     last_start = min(len(data.rstrip(b"\x00")) - 1, size - RECORD_HEADER_BYTES)
-    seq_at = 8  # offset of the seq field inside a record header
+    seq_at = 8
     unpack = _RECORD_HEADER.unpack_from
     hit = data.find(prefix, pos + 1 + seq_at, last_start + seq_at + k)
     while hit != -1:  # each pass moves hit forward by >= 1 byte
@@ -223,65 +368,145 @@ def _find_valid_record_after(data: bytes, pos: int, size: int, seq_bad: int) -> 
         length, crc, seq = unpack(data, start)
         end = start + RECORD_HEADER_BYTES + length
         if seq_lo <= seq <= seq_hi and end <= size:
-            if _record_crc(length, seq, memoryview(data)[start + RECORD_HEADER_BYTES : end]) == crc:
+            if _record_crc(length, seq, memoryview(data)[start + RECORD_HEADER_BYTES : end], None) == crc:
                 return start, seq
         hit = data.find(prefix, hit + 1, last_start + seq_at + k)
     return None
 
 
-@dataclass(slots=True)
-class _SegmentScan:
-    records: list[tuple[int, bytes]]
-    next_seq: int
-    valid_end: int  # offset just past the last intact record
-    torn_reason: str | None
-
-
-def _scan_segment(path: str, first_seq: int, is_last: bool, replay_from_seq: int) -> _SegmentScan:
-    with open(path, "rb") as f:
-        data = f.read()
+def _scan_v1(path: str, data: bytes, first_seq: int, is_last: bool, replay_from_seq: int) -> _SegmentScan:
+    """The version-1 rules (docs/storage.md, "Version 1 segments")."""
     size = len(data)
-    if size < SEGMENT_HEADER_BYTES or data[:SEGMENT_HEADER_BYTES] == bytes(SEGMENT_HEADER_BYTES):
-        if is_last:
-            # A crash while the segment was being created: its header is fsynced
-            # before any record goes in, so nothing acknowledged can live here.
-            return _SegmentScan([], first_seq, 0, "segment header missing or torn")
-        raise WALCorruption(path, 0, "segment header missing")
-    magic, version, _flags, header_seq, header_crc = _SEGMENT_HEADER.unpack_from(data, 0)
-    if magic != SEGMENT_MAGIC:
-        raise WALCorruption(path, 0, f"bad segment magic {magic!r}")
-    if crc32c.crc32c(data[: SEGMENT_HEADER_BYTES - 4]) != header_crc:
-        raise WALCorruption(path, 0, "segment header checksum mismatch")
-    if version != SEGMENT_VERSION:
-        raise WALCorruption(path, 0, f"unsupported segment version {version}")
-    if header_seq != first_seq:
-        raise WALCorruption(path, 0, f"segment header says first seq {header_seq}, file name says {first_seq}")
-
     records: list[tuple[int, bytes]] = []
     seq_expected = first_seq
-    pos = SEGMENT_HEADER_BYTES
+    pos = SEGMENT_HEADER_BYTES_V1
     while pos < size:  # each iteration advances pos by >= RECORD_HEADER_BYTES or exits
-        problem, length, _crc, seq = _parse_record(data, pos, size)
+        problem, length, _crc, seq = _parse_record_v1(data, pos, size)
         if problem is None and seq != seq_expected:
-            # An intact record in the wrong place is never a torn write.
             raise WALCorruption(path, pos, f"record has seq {seq}, expected {seq_expected}")
         if problem is not None:
             if not is_last:
                 raise WALCorruption(path, pos, problem + " in a non-last (fully synced) segment")
-            found = _find_valid_record_after(data, pos, size, seq_expected)
+            found = _find_valid_record_after_v1(data, pos, size, seq_expected)
             if found is not None:
                 raise WALCorruption(
                     path, pos,
-                    f"{problem} (seq {seq_expected}), but an intact record (seq {found[1]}) "
-                    f"follows at offset {found[0]}",
+                    f"{problem} (seq {seq_expected}), but an intact record (seq {found[1]}) follows at offset {found[0]}",
                 )
-            return _SegmentScan(records, seq_expected, pos, f"{problem} (seq {seq_expected})")
+            return _SegmentScan(records, seq_expected, pos, f"{problem} (seq {seq_expected})", version=1)
         body_start = pos + RECORD_HEADER_BYTES
         if seq >= replay_from_seq:
             records.append((seq, data[body_start : body_start + length]))
         seq_expected += 1
         pos = body_start + length
-    return _SegmentScan(records, seq_expected, pos, None)
+    return _SegmentScan(records, seq_expected, pos, None, version=1)
+
+
+def _walk_v2(data: bytes, salt: int, first_seq: int, replay_from_seq: int, collect: bool,
+             ) -> tuple[list[tuple[int, bytes]], int, int, int, str | None, int]:
+    """Walk a version-2 segment from its header: (committed records, next seq after
+    them, end of the last valid marker, highest claim, problem or None, problem offset).
+    Records count only once a valid commit marker covers them."""
+    size = len(data)
+    view = memoryview(data)
+    records: list[tuple[int, bytes]] = []
+    pending: list[tuple[int, bytes]] = []
+    pos = committed_end = batch_start = SEGMENT_HEADER_BYTES
+    seq = committed_next = first_seq
+    claimed = SEGMENT_HEADER_BYTES
+    unpack = _RECORD_HEADER.unpack_from
+    problem = None
+    while pos < size:  # each pass advances pos by >= RECORD_HEADER_BYTES or exits
+        if size - pos < RECORD_HEADER_BYTES:
+            problem = "partial record header"
+            break
+        length, crc, rseq = unpack(data, pos)
+        if length == COMMIT_TAG:
+            if size - pos < COMMIT_MARKER_BYTES:
+                problem = "partial commit marker"
+                break
+            _tag, mcrc, last, batch_bytes, batch_crc, durable_end = _COMMIT.unpack_from(data, pos)
+            if _marker_crc(salt, view[pos + 8 : pos + COMMIT_MARKER_BYTES]) != mcrc:
+                problem = "commit marker checksum mismatch"
+                break
+            if last != seq - 1 or batch_bytes != pos - batch_start or not SEGMENT_HEADER_BYTES <= durable_end <= batch_start:
+                problem = (f"commit marker (last seq {last}, {batch_bytes} bytes) does not match the "
+                           f"records before it (last seq {seq - 1}, {pos - batch_start} bytes)")
+                break
+            if crc32c.crc32c(view[batch_start:pos]) != batch_crc:
+                problem = "batch checksum mismatch"
+                break
+            if pending:
+                records.extend(pending)
+                pending = []
+            pos += COMMIT_MARKER_BYTES
+            committed_end = batch_start = pos
+            committed_next = seq
+            claimed = max(claimed, durable_end)
+            continue
+        if data[pos : pos + RECORD_HEADER_BYTES] == _ZERO_RECORD_HEADER:
+            problem = "zero-filled record header"
+            break
+        end = pos + RECORD_HEADER_BYTES + length
+        if end > size:
+            problem = f"record length {length} runs past end of file ({size} bytes)"
+            break
+        if _record_crc(length, rseq, view[pos + RECORD_HEADER_BYTES : end], salt) != crc:
+            problem = "record checksum mismatch"
+            break
+        if rseq != seq:
+            problem = f"record has seq {rseq}, expected {seq}"
+            break
+        if collect and rseq >= replay_from_seq:
+            pending.append((rseq, data[pos + RECORD_HEADER_BYTES : end]))
+        seq += 1
+        pos = end
+    if problem is None and pos > committed_end:
+        problem, pos = f"records {committed_next}..{seq - 1} have no commit marker", committed_end
+    return records, committed_next, committed_end, claimed, problem, pos
+
+
+def _claim_after(data: bytes, salt: int, start: int, first_seq: int) -> tuple[int, int] | None:
+    """The first intact commit marker at or after ``start`` that claims bytes past
+    ``start`` were durable: (its offset, its claim), else None. Markers are found by
+    their tag and checked by plausibility first, then by their salted CRC."""
+    size = len(data)
+    view = memoryview(data)
+    seq_hi = first_seq + size // RECORD_HEADER_BYTES
+    hit = data.find(_COMMIT_TAG_BYTES, start)
+    while hit != -1 and hit + COMMIT_MARKER_BYTES <= size:  # each pass moves hit forward
+        _tag, mcrc, last, batch_bytes, _bcrc, durable_end = _COMMIT.unpack_from(data, hit)
+        if (start < durable_end <= hit and first_seq - 1 <= last <= seq_hi and batch_bytes <= hit
+                and _marker_crc(salt, view[hit + 8 : hit + COMMIT_MARKER_BYTES]) == mcrc):
+            return hit, durable_end
+        hit = data.find(_COMMIT_TAG_BYTES, hit + 1)
+    return None
+
+
+def _scan_segment(path: str, first_seq: int, is_last: bool, replay_from_seq: int,
+                  collect: bool = True) -> _SegmentScan:
+    data = _read_file(path)
+    head = _read_header(path, data, first_seq, is_last)
+    if head is None:
+        return _SegmentScan([], first_seq, 0, "segment header missing or torn (a crash while creating it)",
+                            discard=True)
+    version, salt, _hdr = head
+    if version == 1:
+        return _scan_v1(path, data, first_seq, is_last, replay_from_seq)
+    records, next_seq, valid_end, claimed, problem, bad_at = _walk_v2(data, salt, first_seq, replay_from_seq, collect)
+    if problem is None:
+        return _SegmentScan(records, next_seq, valid_end, None, salt=salt, claimed_end=claimed)
+    if not is_last:
+        raise WALCorruption(path, bad_at, problem + " in a non-last (fully synced) segment")
+    vouched = _claim_after(data, salt, valid_end, first_seq)
+    if vouched is not None:
+        raise WALCorruption(
+            path, bad_at,
+            f"{problem}, but the commit marker at offset {vouched[0]} says the segment was durable "
+            f"up to offset {vouched[1]} (acknowledged data is damaged)",
+        )
+    return _SegmentScan(records, next_seq, valid_end, f"{problem} (at offset {bad_at})", salt=salt,
+                        claimed_end=claimed)
 
 
 # --- the log --------------------------------------------------------------------
@@ -296,12 +521,19 @@ class WAL:
         self.mode = mode
         self.segment_bytes_max = segment_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max
-        self.stats: dict[str, int] = {"appends": 0, "bytes_appended": 0, "fsyncs": 0, "segments_created": 0}
+        self.stats: dict[str, int] = {"appends": 0, "bytes_appended": 0, "fsyncs": 0, "segments_created": 0,
+                                      "commit_markers": 0}
         self._lock_fd = lock_fd
         self._segments: list[_Segment] = []
         self._fd = -1  # current (last) segment, opened for writing
+        self._salt = 0  # current segment's salt
         self._seg_end = 0  # logical end of the current segment, including _buf
         self._seg_records = 0
+        self._seg_durable_end = 0  # bytes of the current segment covered by a completed fsync
+        self._claimed_end = 0  # the highest durable_end a marker of this segment claims
+        self._batch_start = 0  # offset of the first byte not yet covered by a commit marker
+        self._batch_crc = 0  # crc32c of the bytes from _batch_start to _seg_end
+        self._marked_seq = 0  # last seq covered by a commit marker
         self._buf = bytearray()
         self._last_seq = 0
         self._durable_seq = 0
@@ -321,21 +553,22 @@ class WAL:
         segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT,
         write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX_DEFAULT,
         replay_from_seq: int = 1,
-    ) -> tuple[WAL, list[tuple[int, bytes]]]:
+        stream: bool = False,
+    ) -> tuple[WAL, list[tuple[int, bytes]] | Iterator[tuple[int, bytes]]]:
         """Recover the log in ``directory`` (created if missing) and open it for appends.
 
         Returns the WAL and the recovered ``(seq, payload)`` records with
-        ``seq >= replay_from_seq``, in order (records below are still verified).
+        ``seq >= replay_from_seq``, in order (records below are still verified): a
+        list, or with ``stream=True`` an iterator reading one segment at a time.
         Raises ``WALCorruption`` on damage that is not a torn tail.
         """
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {FSYNC_MODES}, not {fsync!r}")
-        if segment_bytes_max < SEGMENT_HEADER_BYTES + RECORD_HEADER_BYTES + 1:
-            raise ValueError(f"segment_bytes_max {segment_bytes_max} is too small")
+        if not SEGMENT_HEADER_BYTES + RECORD_HEADER_BYTES + 1 + COMMIT_MARKER_BYTES <= segment_bytes_max <= SEGMENT_BYTES_MAX_LIMIT:
+            raise ValueError(f"segment_bytes_max {segment_bytes_max} is out of range")
         directory = os.fspath(directory)
         if not os.path.isdir(directory):
-            os.makedirs(directory)
-            _fsync_dir(os.path.dirname(os.path.abspath(directory)))
+            makedirs_durable(directory)
         lock_fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -346,13 +579,13 @@ class WAL:
             raise
         wal = cls(directory, fsync, segment_bytes_max, write_buffer_bytes_max, lock_fd)
         try:
-            records = wal._recover(replay_from_seq)
+            records = wal._recover(replay_from_seq, stream)
         except BaseException:
             wal._release_lock()
             raise
         return wal, records
 
-    def _recover(self, replay_from_seq: int) -> list[tuple[int, bytes]]:
+    def _recover(self, replay_from_seq: int, stream: bool) -> list[tuple[int, bytes]] | Iterator[tuple[int, bytes]]:
         found: list[_Segment] = []
         for name in os.listdir(self.directory):
             m = _SEGMENT_NAME.match(name)
@@ -361,23 +594,21 @@ class WAL:
         found.sort(key=lambda s: s.first_seq)
 
         records: list[tuple[int, bytes]] = []
+        replay: list[tuple[_Segment, int]] = []  # stream: (segment, first seq) to re-read
         next_seq = found[0].first_seq if found else 1
-        reopen_last = bool(found)
+        last_scan: _SegmentScan | None = None
         for i, seg in enumerate(found):
             is_last = i == len(found) - 1
             if seg.first_seq != next_seq:
                 # A missing segment (or an overlapping one) loses acknowledged records.
                 raise WALCorruption(seg.path, 0, f"segment starts at seq {seg.first_seq}, expected {next_seq}")
-            scan = _scan_segment(seg.path, seg.first_seq, is_last, replay_from_seq)
-            records.extend(scan.records)
-            next_seq = scan.next_seq
+            scan = _scan_segment(seg.path, seg.first_seq, is_last, replay_from_seq, collect=not stream)
             if scan.torn_reason is not None:
                 log.warning("WAL: torn tail in %s at byte offset %d (%s); truncating",
                             seg.path, scan.valid_end, scan.torn_reason)
-                if scan.valid_end == 0:
+                if scan.discard:
                     os.unlink(seg.path)
-                    _fsync_dir(self.directory)
-                    reopen_last = False
+                    fsync_dir(self.directory)
                     continue
                 fd = os.open(seg.path, os.O_WRONLY)
                 try:
@@ -385,26 +616,59 @@ class WAL:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+            if stream:
+                if scan.next_seq > max(seg.first_seq, replay_from_seq):
+                    replay.append((seg, scan.next_seq))
+            else:
+                records.extend(scan.records)
+            next_seq = scan.next_seq
             self._segments.append(seg)
-            if is_last:
-                self._seg_end = scan.valid_end
-                self._seg_records = scan.next_seq - seg.first_seq
+            last_scan = scan
 
-        self._last_seq = next_seq - 1
-        if reopen_last:
+        self._last_seq = self._marked_seq = next_seq - 1
+        if last_scan is not None and last_scan.version == SEGMENT_VERSION:
             seg = self._segments[-1]
             self._fd = os.open(seg.path, os.O_WRONLY)
-            os.lseek(self._fd, self._seg_end, os.SEEK_SET)
+            os.lseek(self._fd, last_scan.valid_end, os.SEEK_SET)
             # What we read may have been only in the page cache (a process crash
             # before its fsync); make it durable before anyone acts on it.
             self._fsync(self._fd)
+            self._salt = last_scan.salt
+            self._seg_end = self._seg_durable_end = self._batch_start = last_scan.valid_end
+            self._claimed_end = last_scan.claimed_end
+            self._seg_records = last_scan.next_seq - seg.first_seq
         else:
+            if last_scan is not None:  # a version-1 last segment: closed, appends go to a new one
+                fd = os.open(self._segments[-1].path, os.O_RDONLY)
+                try:
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
+                if last_scan.next_seq == self._segments[-1].first_seq:  # no records: drop it
+                    os.unlink(self._segments.pop().path)
+                    fsync_dir(self.directory)
             self._create_segment(next_seq)
+        # A segment created or deleted by a process that crashed before its directory
+        # fsync, and the directory itself, are made durable before anyone acts on them.
+        fsync_dir(self.directory)
+        fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
         self._durable_seq = self._last_seq
+        if stream:
+            return self._replay(replay, replay_from_seq)
         # Pair assertion: what we hand back is exactly the contiguous tail of the log.
         assert all(b[0] == a[0] + 1 for a, b in zip(records, records[1:]))
         assert not records or records[-1][0] == self._last_seq
         return records
+
+    def _replay(self, segments: list[tuple[_Segment, int]], replay_from_seq: int) -> Iterator[tuple[int, bytes]]:
+        """Re-read the verified segments one at a time (``stream=True``)."""
+        for seg, next_seq in segments:
+            scan = _scan_segment(seg.path, seg.first_seq, False, replay_from_seq)
+            if scan.next_seq < next_seq:  # the file changed under us
+                raise WALError(f"{seg.path} changed during replay (consume the records before appending)")
+            for rec in scan.records:
+                if rec[0] < next_seq:
+                    yield rec
 
     # -- properties --
 
@@ -457,14 +721,16 @@ class WAL:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"WAL payloads are bytes, not {type(payload).__name__}")
         record_bytes = RECORD_HEADER_BYTES + len(payload)
-        if SEGMENT_HEADER_BYTES + record_bytes > self.segment_bytes_max:
+        # Room is always kept for the commit marker that will close the batch.
+        if SEGMENT_HEADER_BYTES + record_bytes + COMMIT_MARKER_BYTES > self.segment_bytes_max:
             raise ValueError(f"record of {len(payload)} bytes exceeds segment_bytes_max {self.segment_bytes_max}")
-        if self._seg_records > 0 and self._seg_end + record_bytes > self.segment_bytes_max:
+        if self._seg_records > 0 and self._seg_end + record_bytes + COMMIT_MARKER_BYTES > self.segment_bytes_max:
             self._rotate()
         seq = self._last_seq + 1
-        record = encode_record(seq, bytes(payload))
+        record = encode_record(seq, bytes(payload), self._salt)
         assert len(record) == record_bytes
         self._buf += record
+        self._batch_crc = crc32c.crc32c(record, self._batch_crc)
         self._seg_end += record_bytes
         self._seg_records += 1
         self._last_seq = seq
@@ -474,20 +740,40 @@ class WAL:
             self._flush()
         return seq
 
+    def _mark(self, seal: bool = False) -> None:
+        """Buffer the commit marker that closes the current batch (``seal``: an
+        empty batch, written only to claim what the last fsync made durable)."""
+        if self._last_seq == self._marked_seq and not seal:
+            return
+        marker = encode_commit(self._salt, self._last_seq, self._seg_end - self._batch_start, self._batch_crc,
+                               self._seg_durable_end)
+        self._buf += marker
+        self._claimed_end = max(self._claimed_end, self._seg_durable_end)
+        self._seg_end += COMMIT_MARKER_BYTES
+        self._batch_start = self._seg_end
+        self._batch_crc = 0
+        self._marked_seq = self._last_seq
+        self.stats["commit_markers"] += 1
+
     def _flush(self) -> None:
         """Hand the buffer to the OS (no fsync)."""
         if self._buf:
             try:
                 _write_all(self._fd, self._buf)
-            except OSError as e:
+            except BaseException as e:
                 # After a failed write we no longer know what is in the file.
                 self._failed = e
                 raise
             self._buf.clear()
 
     def _rotate(self) -> None:
-        # Make the finished segment durable before the next one receives any record,
-        # so a torn write can only ever sit in the last segment.
+        # Seal the finished segment and make it durable before the next one receives
+        # any record, so a torn write can only ever sit in the last segment.
+        try:
+            self._mark()
+        except BaseException as e:
+            self._failed = e
+            raise
         self._flush()
         self._fsync(self._fd)
         self._durable_seq = self._last_seq
@@ -505,20 +791,24 @@ class WAL:
 
     def _create_segment(self, first_seq: int) -> None:
         path = os.path.join(self.directory, segment_name(first_seq))
-        header = _encode_segment_header(first_seq)
+        salt = int.from_bytes(os.urandom(8), "big")
+        header = _encode_segment_header(first_seq, salt)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_all(fd, header)
             self._fsync(fd)
             # Pair assertion: the header we will trust at recovery reads back intact.
             assert os.pread(fd, SEGMENT_HEADER_BYTES, 0) == header
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except BaseException:
             os.close(fd)
             raise
         self._segments.append(_Segment(first_seq, path))
         self._fd = fd
-        self._seg_end = SEGMENT_HEADER_BYTES
+        self._salt = salt
+        self._seg_end = self._seg_durable_end = self._claimed_end = self._batch_start = SEGMENT_HEADER_BYTES
+        self._batch_crc = 0
+        self._marked_seq = first_seq - 1
         self._seg_records = 0
         self.stats["segments_created"] += 1
 
@@ -527,7 +817,7 @@ class WAL:
         # mode, ``never`` included: they are rare and keep the recovery rules true.
         try:
             _fdatasync(fd)
-        except OSError as e:
+        except BaseException as e:
             self._failed = e
             raise
         self.stats["fsyncs"] += 1
@@ -547,15 +837,16 @@ class WAL:
         return self.complete_sync(ticket)
 
     def prepare_sync(self) -> SyncTicket | None:
-        """Owner thread: write out the buffer and describe the fsync that would cover
-        it; None if everything appended is already durable."""
+        """Owner thread: write out the buffer and its commit marker and describe the
+        fsync that would cover it; None if everything appended is already durable."""
         self._check_usable()
         if self._ticket is not None:
             raise WALError("a sync is already in flight")
+        self._mark()
         self._flush()
         if self._durable_seq >= self._last_seq:
             return None
-        self._ticket = SyncTicket(self._fd, self._last_seq)
+        self._ticket = SyncTicket(self._fd, self._last_seq, self._seg_end)
         return self._ticket
 
     def perform_sync(self, ticket: SyncTicket) -> None:
@@ -575,6 +866,8 @@ class WAL:
             raise WALFailed(f"fsync failed: {error!r}") from error
         if self.mode != "never":
             self.stats["fsyncs"] += 1
+            if ticket.fd == self._fd:  # not a segment retired by a rotation meanwhile
+                self._seg_durable_end = max(self._seg_durable_end, ticket.end)
         self._durable_seq = max(self._durable_seq, ticket.seq)
         assert self._durable_seq <= self._last_seq
         return self._durable_seq
@@ -583,22 +876,28 @@ class WAL:
 
     def compact(self, upto_seq: int) -> int:
         """Delete whole segments whose records are all ``<= upto_seq`` (covered by a
-        snapshot). The last segment is never deleted. Returns how many were removed."""
+        snapshot), oldest first, each deletion made durable before the next, so a
+        crash never leaves a gap. The last segment is never deleted. Returns how
+        many were removed."""
         self._check_usable()
         if upto_seq > self._durable_seq:
             raise ValueError(f"cannot compact past durable seq {self._durable_seq} (asked {upto_seq})")
         removed = 0
         # Bounded by the number of segments; segment i ends where segment i+1 starts.
         while len(self._segments) > 1 and self._segments[1].first_seq - 1 <= upto_seq:
-            os.unlink(self._segments[0].path)
+            try:
+                os.unlink(self._segments[0].path)
+                fsync_dir(self.directory)
+            except BaseException as e:
+                self._failed = e
+                raise
             del self._segments[0]
             removed += 1
-        if removed:
-            _fsync_dir(self.directory)
         return removed
 
     def close(self) -> None:
-        """Write out the buffer and sync it (per the mode), then release the files."""
+        """Write out the buffer and sync it (per the mode), seal the segment with a
+        marker that vouches for everything synced, then release the files."""
         if self._closed:
             return
         if self._ticket is not None:
@@ -606,6 +905,11 @@ class WAL:
         try:
             if self._failed is None:
                 self.sync()
+                if (self.mode != "never" and self._seg_durable_end > self._claimed_end
+                        and self._seg_end + COMMIT_MARKER_BYTES <= self.segment_bytes_max):
+                    self._mark(seal=True)
+                    self._flush()
+                    self._fsync(self._fd)
         finally:
             self._closed = True
             if self._fd >= 0:
@@ -619,7 +923,7 @@ class WAL:
     def abandon(self, *, write_buffer: bool = False) -> None:
         """Drop the files without syncing: what a crashed process leaves behind.
         Buffered appends are lost unless ``write_buffer`` (the process died just after
-        its ``write`` call). For tests and fault injection."""
+        its ``write`` call, before the commit marker). For tests and fault injection."""
         if self._closed:
             return
         if write_buffer and self._failed is None:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.wal import (
+    COMMIT_MARKER_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     WAL,
@@ -120,7 +121,10 @@ def test_record_larger_than_a_segment_is_refused(tmp_path):
     wal, _ = WAL.open(tmp_path, segment_bytes_max=1024)
     with pytest.raises(ValueError):
         wal.append(bytes(1024))
-    assert wal.append(bytes(1024 - SEGMENT_HEADER_BYTES - RECORD_HEADER_BYTES)) == 1
+    # Room is kept for the commit marker that closes the batch.
+    with pytest.raises(ValueError):
+        wal.append(bytes(1024 - SEGMENT_HEADER_BYTES - RECORD_HEADER_BYTES))
+    assert wal.append(bytes(1024 - SEGMENT_HEADER_BYTES - RECORD_HEADER_BYTES - COMMIT_MARKER_BYTES)) == 1
     wal.close()
 
 
@@ -164,16 +168,32 @@ def test_torn_tail_is_truncated_and_appends_continue(tmp_path, caplog, tail):
     wal.close()
 
 
-def test_flipped_byte_in_last_record_only_is_a_torn_tail(tmp_path):
-    # Documented: damage confined to the final record cannot be told apart from a
-    # torn write, so it is truncated like one.
+def test_flipped_byte_in_the_last_batch_after_a_crash_is_a_torn_tail(tmp_path):
+    # Documented: damage confined to the last batch of a log that was not closed
+    # cleanly cannot be told apart from a torn write, so it is truncated like one.
     ps = payloads(10, size=30)
-    path = write_log(tmp_path, ps)
-    flip_byte(path, os.path.getsize(path) - 1)
+    wal, _ = WAL.open(tmp_path)
+    wal.append_many(ps[:9])
+    wal.sync()
+    wal.append(ps[9])
+    wal.sync()
+    wal.abandon()  # no seal: nothing vouches for the last batch
+    path = os.path.join(tmp_path, segment_name(1))
+    flip_byte(path, os.path.getsize(path) - COMMIT_MARKER_BYTES - 1)
     wal, recovered = reopen(tmp_path)
     assert recovered == list(enumerate(ps[:9], start=1))
-    assert os.path.getsize(path) == record_offset(ps, 9)
+    assert os.path.getsize(path) == record_offset(ps, 9) + COMMIT_MARKER_BYTES
     wal.close()
+
+
+def test_flipped_byte_in_the_last_record_after_a_clean_close_is_corruption(tmp_path):
+    # close() seals the segment with a marker vouching for everything synced.
+    ps = payloads(10, size=30)
+    path = write_log(tmp_path, ps)
+    flip_byte(path, record_offset(ps, 10) - 1)
+    with pytest.raises(WALCorruption) as err:
+        reopen(tmp_path)
+    assert err.value.offset == record_offset(ps, 9) and "durable" in err.value.reason
 
 
 def test_torn_segment_creation_is_discarded(tmp_path):
@@ -204,17 +224,17 @@ def test_flipped_byte_mid_log_fails_naming_file_and_offset(tmp_path):
     assert err.value.path == path and err.value.offset == offset
     assert path in str(err.value) and f"offset {offset}" in str(err.value)
     # Nothing was truncated: refusing to start must not destroy the evidence.
-    assert os.path.getsize(path) == record_offset(ps, 100)
+    assert os.path.getsize(path) == record_offset(ps, 100) + 2 * COMMIT_MARKER_BYTES  # batch + seal
     with pytest.raises(WALCorruption):
         reopen(tmp_path)
 
 
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(2, 400), data=st.data())
-def test_any_bit_flip_is_corruption_except_in_the_last_record(n, data):
-    """Every single-bit flip is caught. Before the last record it is reported at the
-    damaged record's offset (the seq ranges searched cross byte boundaries for large
-    n); in the last record it is indistinguishable from a torn write."""
+def test_any_bit_flip_in_a_closed_log_is_corruption(n, data):
+    """Every single-bit flip in a cleanly closed log is caught and reported at the
+    damaged record's offset: the seal marker vouches for every record, the last
+    one included."""
     ps = payloads(n, size=12, seed=n)
     index = data.draw(st.integers(0, n - 1), label="record")
     start, end = record_offset(ps, index), record_offset(ps, index + 1)
@@ -227,14 +247,9 @@ def test_any_bit_flip_is_corruption_except_in_the_last_record(n, data):
             b = f.read(1)[0]
             f.seek(offset)
             f.write(bytes([b ^ (1 << bit)]))
-        if index < n - 1:
-            with pytest.raises(WALCorruption) as err:
-                WAL.open(d)
-            assert (err.value.path, err.value.offset) == (path, start)
-        else:
-            wal, recovered = WAL.open(d)
-            assert recovered == list(enumerate(ps[:-1], start=1))
-            wal.close()
+        with pytest.raises(WALCorruption) as err:
+            WAL.open(d)
+        assert (err.value.path, err.value.offset) == (path, start)
 
 
 def test_damaged_length_mid_log_is_corruption_not_a_torn_tail(tmp_path):
@@ -246,7 +261,7 @@ def test_damaged_length_mid_log_is_corruption_not_a_torn_tail(tmp_path):
         f.write(struct.pack(">I", 1 << 30))  # "runs past EOF", yet records follow
     with pytest.raises(WALCorruption) as err:
         reopen(tmp_path)
-    assert err.value.offset == offset and "follows" in err.value.reason
+    assert err.value.offset == offset and "durable" in err.value.reason
 
 
 def test_zeroed_record_mid_log_is_corruption(tmp_path):
@@ -415,11 +430,8 @@ def test_recovery_after_crash_keeps_exactly_a_prefix_with_every_synced_record(op
             else:
                 durable = wal.durable_seq
                 last_path = wal.segment_paths[-1]
-                last_first = int(os.path.basename(last_path)[4:24])
+                synced_end = wal._seg_durable_end  # bytes of the last segment a completed fsync covers
                 wal.abandon(write_buffer=rng.random() < 0.5)
-                synced_end = SEGMENT_HEADER_BYTES + sum(
-                    RECORD_HEADER_BYTES + len(p) for p in model[last_first - 1 : max(durable, last_first - 1)]
-                )
                 size = os.path.getsize(last_path)
                 assert synced_end <= size
                 cut = synced_end + arg % (size - synced_end + 1)
