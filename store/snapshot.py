@@ -1,9 +1,12 @@
 """Snapshots of the state machine plus the protocol metadata needed to resume, and a
 pure chunked-transfer codec for shipping one to a peer.
 
-A ``Snapshot(seq, meta, body)`` says: every WAL record ``<= seq`` is reflected in
-``body`` (the state machine, opaque bytes) and ``meta`` (protocol metadata such as
-the view and executed/committed positions, opaque bytes). ``docs/storage.md``
+A ``Snapshot(seq, meta, body, slot=None)`` says: every WAL record ``<= seq`` is
+reflected in ``body`` (the state machine, opaque bytes) and ``meta`` (protocol
+metadata such as the view and executed/committed positions, opaque bytes). ``slot``
+(optional) is the protocol position the snapshot was taken at; a snapshot that has
+one is named and ordered by it (``snap-slot-<slot:020d>.snap``), because the WAL seq
+can go *down* after a torn-tail truncation and a slot never does. ``docs/storage.md``
 describes the file format.
 
 Files::
@@ -12,8 +15,9 @@ Files::
     snap = load_latest(directory)                        # newest intact one, or None
     upto = compactable_seq(directory, keep=2)            # safe argument for WAL.compact
 
-``write_snapshot`` writes ``snap-<seq:020d>.snap.tmp``, fsyncs it, renames it into
-place and fsyncs the directory, so a crash leaves either the old set or the new one.
+``write_snapshot`` writes ``<name>.tmp``, fsyncs it, renames it into place and
+fsyncs the directory (and the directory's parent, so a new ``snapshots/`` folder is
+durable too), so a crash leaves either the old set or the new one.
 ``load_latest`` skips (with a warning) a newer file that is torn or fails its
 checksum and falls back to the previous one; that fallback is why two are kept, and
 why the WAL may only be compacted up to the *oldest* retained snapshot
@@ -22,6 +26,7 @@ why the WAL may only be compacted up to the *oldest* retained snapshot
 Transfer (no I/O)::
 
     for chunk in iter_chunks(data, chunk_bytes): send(chunk.to_wire())
+    chunk = chunk_at(data, offset, chunk_bytes)  # serving: the whole-file CRC is cached
     receiver = SnapshotReceiver(total_bytes_max)
     data = receiver.feed(Chunk.from_wire(raw))   # None until complete; raises ChunkError
 
@@ -29,9 +34,14 @@ A ``Chunk`` carries ``(offset, total, total_crc, crc, data)``. The receiver reje
 (``ChunkError.reason``) a chunk whose CRC is wrong (``"bad-chunk"``), one that is not
 at ``next_offset`` (``"out-of-order"``, duplicates included), one whose ``total`` or
 ``total_crc`` disagrees with the first chunk or exceeds the bound (``"wrong-total"``),
-a wire value of the wrong shape (``"malformed"``), and a reassembled whole whose CRC
-is wrong (``"checksum"``). A rejected chunk leaves the receiver unchanged (resume
-from ``next_offset``), except ``"checksum"``, after which it starts over.
+a wire value of the wrong shape (``"malformed"``), a transfer whose first bytes are
+not a snapshot header that promises exactly ``total`` bytes (``"bad-header"``,
+checked as soon as the header has arrived, so a bogus multi-GiB claim is refused
+early), and a reassembled whole whose CRC is wrong or that does not decode
+(``"checksum"``). A rejected chunk leaves the receiver unchanged (resume from
+``next_offset``), except ``"bad-header"`` and ``"checksum"``, after which it starts
+over. CRC32C detects accidents, not malice: peers are trusted members of the
+cluster (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -46,15 +56,24 @@ from typing import Any
 
 import crc32c
 
+from store.wal import fsync_dir, makedirs_durable
+
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"CELLSNAP"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 1  # written for a snapshot without a slot
+SNAPSHOT_VERSION_SLOT = 2  # written for a snapshot with a slot
 # magic, version, flags, seq, meta_len, body_len, crc32c of (header before crc + meta + body)
 _HEADER = struct.Struct(">8sHHQIQI")
 SNAPSHOT_HEADER_BYTES = _HEADER.size  # 36
+# version 2: magic, version, flags, seq, slot, meta_len, body_len, crc32c
+_HEADER_V2 = struct.Struct(">8sHHQQIQI")
+SNAPSHOT_HEADER_BYTES_V2 = _HEADER_V2.size  # 44
 _NAME = re.compile(r"^snap-(\d{20})\.snap$")
+_NAME_SLOT = re.compile(r"^snap-slot-(\d{20})\.snap$")
 META_BYTES_MAX = (1 << 32) - 1
+# A received snapshot's metadata is protocol state (views, positions): small.
+META_RECEIVE_BYTES_MAX = 64 << 20
 
 
 class SnapshotCorrupt(Exception):
@@ -66,57 +85,81 @@ class Snapshot:
     seq: int  # covered WAL seq: every record <= seq is reflected below
     meta: bytes  # protocol metadata needed to resume (opaque)
     body: bytes  # the state machine (opaque)
+    slot: int | None = None  # protocol position; names and orders the file when set
 
 
-def snapshot_name(seq: int) -> str:
+def snapshot_name(seq: int, slot: int | None = None) -> str:
+    if slot is not None:
+        return f"snap-slot-{slot:020d}.snap"
     return f"snap-{seq:020d}.snap"
 
 
+def _order_key(slot: int | None, seq: int) -> tuple[int, int]:
+    # Slot-named snapshots (written by this version) are newer than seq-named ones.
+    return (1, slot) if slot is not None else (0, seq)
+
+
 def encode_snapshot(snap: Snapshot) -> bytes:
-    if snap.seq < 0 or len(snap.meta) > META_BYTES_MAX:
-        raise ValueError("snapshot seq must be >= 0 and meta under 4 GiB")
-    head = _HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, snap.seq, len(snap.meta), len(snap.body), 0)[:-4]
+    if snap.seq < 0 or len(snap.meta) > META_BYTES_MAX or (snap.slot is not None and snap.slot < 0):
+        raise ValueError("snapshot seq and slot must be >= 0 and meta under 4 GiB")
+    if snap.slot is None:
+        head = _HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, snap.seq, len(snap.meta), len(snap.body), 0)[:-4]
+    else:
+        head = _HEADER_V2.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION_SLOT, 0, snap.seq, snap.slot, len(snap.meta),
+                               len(snap.body), 0)[:-4]
     crc = crc32c.crc32c(snap.body, crc32c.crc32c(snap.meta, crc32c.crc32c(head)))
     return b"".join((head, struct.pack(">I", crc), snap.meta, snap.body))
 
 
-def decode_snapshot(data: bytes, source: str = "<buffer>") -> Snapshot:
-    """Verify and decode; raises ``SnapshotCorrupt`` naming ``source``."""
+def _parse_header(data: bytes | bytearray | memoryview, source: str
+                  ) -> tuple[int, int | None, int, int, int, int]:
+    """(header bytes, slot, seq, meta_len, body_len, crc) of a snapshot image's
+    header; raises ``SnapshotCorrupt``. ``data`` may be only the first bytes."""
     if len(data) < SNAPSHOT_HEADER_BYTES:
         raise SnapshotCorrupt(f"{source}: torn snapshot header ({len(data)} bytes)")
-    magic, version, _flags, seq, meta_len, body_len, crc = _HEADER.unpack_from(data, 0)
+    magic, version = bytes(data[:8]), struct.unpack_from(">H", data, 8)[0]
     if magic != SNAPSHOT_MAGIC:
         raise SnapshotCorrupt(f"{source}: bad magic {magic!r}")
-    if version != SNAPSHOT_VERSION:
-        raise SnapshotCorrupt(f"{source}: unsupported version {version}")
-    if SNAPSHOT_HEADER_BYTES + meta_len + body_len != len(data):
-        raise SnapshotCorrupt(
-            f"{source}: header promises {SNAPSHOT_HEADER_BYTES + meta_len + body_len} bytes, file has {len(data)}"
-        )
+    if version == SNAPSHOT_VERSION:
+        _m, _v, _f, seq, meta_len, body_len, crc = _HEADER.unpack_from(data, 0)
+        return SNAPSHOT_HEADER_BYTES, None, seq, meta_len, body_len, crc
+    if version == SNAPSHOT_VERSION_SLOT:
+        if len(data) < SNAPSHOT_HEADER_BYTES_V2:
+            raise SnapshotCorrupt(f"{source}: torn snapshot header ({len(data)} bytes)")
+        _m, _v, _f, seq, slot, meta_len, body_len, crc = _HEADER_V2.unpack_from(data, 0)
+        return SNAPSHOT_HEADER_BYTES_V2, slot, seq, meta_len, body_len, crc
+    raise SnapshotCorrupt(f"{source}: unsupported version {version}")
+
+
+def decode_snapshot(data: bytes, source: str = "<buffer>") -> Snapshot:
+    """Verify and decode; raises ``SnapshotCorrupt`` naming ``source``."""
+    hdr, slot, seq, meta_len, body_len, crc = _parse_header(data, source)
+    if hdr + meta_len + body_len != len(data):
+        raise SnapshotCorrupt(f"{source}: header promises {hdr + meta_len + body_len} bytes, file has {len(data)}")
     view = memoryview(data)
-    if crc32c.crc32c(view[SNAPSHOT_HEADER_BYTES:], crc32c.crc32c(view[: SNAPSHOT_HEADER_BYTES - 4])) != crc:
+    if crc32c.crc32c(view[hdr:], crc32c.crc32c(view[: hdr - 4])) != crc:
         raise SnapshotCorrupt(f"{source}: checksum mismatch")
-    meta_end = SNAPSHOT_HEADER_BYTES + meta_len
-    return Snapshot(seq, bytes(view[SNAPSHOT_HEADER_BYTES:meta_end]), bytes(view[meta_end:]))
+    meta_end = hdr + meta_len
+    return Snapshot(seq, bytes(view[hdr:meta_end]), bytes(view[meta_end:]), slot)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _list(directory: str) -> list[tuple[int, str]]:
-    """(seq, path) of every snapshot file, newest first."""
+def _list(directory: str) -> list[tuple[tuple[int, int], str]]:
+    """(order key, path) of every snapshot file, newest first."""
     out = []
     for name in os.listdir(directory):
+        m = _NAME_SLOT.match(name)
+        if m:
+            out.append((_order_key(int(m.group(1)), 0), os.path.join(directory, name)))
+            continue
         m = _NAME.match(name)
         if m:
-            out.append((int(m.group(1)), os.path.join(directory, name)))
+            out.append((_order_key(None, int(m.group(1))), os.path.join(directory, name)))
     out.sort(reverse=True)
     return out
+
+
+def _name_matches(key: tuple[int, int], snap: Snapshot) -> bool:
+    return key == _order_key(snap.slot, snap.seq)
 
 
 def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: int = 2) -> str:
@@ -125,12 +168,14 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
     if keep < 1:
         raise ValueError("keep must be >= 1")
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    # The folder (new or made by a process that crashed before syncing it) must be
+    # durable in its parent before the WAL is compacted against what it holds.
+    makedirs_durable(directory)
     data = encode_snapshot(snap)
     # Pair assertion: what goes to disk decodes to the same header values.
-    _m, _v, _f, seq, meta_len, body_len, _c = _HEADER.unpack_from(data, 0)
-    assert (seq, meta_len, body_len) == (snap.seq, len(snap.meta), len(snap.body))
-    path = os.path.join(directory, snapshot_name(snap.seq))
+    _h, slot, seq, meta_len, body_len, _c = _parse_header(data, "encoded")
+    assert (seq, slot, meta_len, body_len) == (snap.seq, snap.slot, len(snap.meta), len(snap.body))
+    path = os.path.join(directory, snapshot_name(snap.seq, snap.slot))
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -141,14 +186,15 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
-    for _seq, old in _list(directory)[keep:]:
+    # Any subset of these deletions leaves the `keep` newest in place.
+    for _key, old in _list(directory)[keep:]:
         os.unlink(old)
     for name in os.listdir(directory):
         if name.startswith("snap-") and name.endswith(".snap.tmp"):
             os.unlink(os.path.join(directory, name))
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return path
 
 
@@ -158,13 +204,13 @@ def load_latest(directory: str | os.PathLike[str]) -> Snapshot | None:
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return None
-    for seq, path in _list(directory):
+    for key, path in _list(directory):
         with open(path, "rb") as f:
             data = f.read()
         try:
             snap = decode_snapshot(data, path)
-            if snap.seq != seq:
-                raise SnapshotCorrupt(f"{path}: header seq {snap.seq} does not match the file name")
+            if not _name_matches(key, snap):
+                raise SnapshotCorrupt(f"{path}: header (seq {snap.seq}, slot {snap.slot}) does not match the file name")
         except SnapshotCorrupt as e:
             log.warning("snapshot: skipping damaged %s (%s); trying an older one", path, e)
             continue
@@ -180,7 +226,17 @@ def compactable_seq(directory: str | os.PathLike[str], *, keep: int = 2) -> int:
     if not os.path.isdir(directory):
         return 0
     snaps = _list(directory)[:keep]
-    return snaps[-1][0] if len(snaps) >= keep else 0
+    if len(snaps) < keep:
+        return 0
+    key, path = snaps[-1]
+    if key[0] == 0:
+        return key[1]
+    with open(path, "rb") as f:
+        head = f.read(SNAPSHOT_HEADER_BYTES_V2)
+    try:
+        return _parse_header(head, path)[2]
+    except SnapshotCorrupt:
+        return 0  # unreadable: keep the whole log
 
 
 # --- chunked transfer (pure) ---------------------------------------------------------
@@ -232,11 +288,27 @@ def iter_chunks(data: bytes, chunk_bytes: int) -> Iterator[Chunk]:
             return
 
 
+_TOTAL_CRC_CACHE: list = [None, 0]  # [the last image served, its crc32c]
+
+
+def chunk_at(data: bytes, offset: int, chunk_bytes: int) -> Chunk:
+    """The chunk of ``data`` at ``offset`` (serving a pull). The whole-image CRC is
+    computed once per image (the last one served is remembered), not per chunk."""
+    if _TOTAL_CRC_CACHE[0] is not data:
+        _TOTAL_CRC_CACHE[0], _TOTAL_CRC_CACHE[1] = data, crc32c.crc32c(data)
+    piece = bytes(memoryview(data)[offset : offset + chunk_bytes])
+    return Chunk(offset, len(data), _TOTAL_CRC_CACHE[1], crc32c.crc32c(piece), piece)
+
+
 class SnapshotReceiver:
     """Reassembles one transfer from in-order chunks and verifies it."""
 
-    def __init__(self, total_bytes_max: int) -> None:
+    def __init__(self, total_bytes_max: int, *, image: bool = True) -> None:
+        """``image``: the transfer is a snapshot file image (the node's case): its
+        header is checked as soon as it arrives and the whole is decoded before it
+        is returned. ``image=False`` ships arbitrary bytes (CRCs only)."""
         self.total_bytes_max = total_bytes_max
+        self.image = image
         self._reset()
 
     def _reset(self) -> None:
@@ -266,14 +338,43 @@ class SnapshotReceiver:
             raise ChunkError("wrong-total", f"chunk ends at {chunk.offset + len(chunk.data)}, past total {chunk.total}")
         if not chunk.data and chunk.total != 0:
             raise ChunkError("bad-chunk", "empty chunk in a non-empty transfer")
+        had = len(self._buf)
         self._total, self._total_crc = chunk.total, chunk.total_crc
         self._buf += chunk.data
         self._running_crc = crc32c.crc32c(chunk.data, self._running_crc)
+        if self.image and had < SNAPSHOT_HEADER_BYTES_V2:
+            problem = self._header_problem()
+            if problem is not None:
+                self._reset()
+                raise ChunkError("bad-header", problem)
         if len(self._buf) < chunk.total:
             return None
         if self._running_crc != self._total_crc:
             self._reset()
             raise ChunkError("checksum", "reassembled snapshot fails its checksum; restart the transfer")
         data = bytes(self._buf)
+        if self.image:
+            try:  # the whole-file check, before anyone installs it
+                decode_snapshot(data, "received snapshot")
+            except SnapshotCorrupt as e:
+                self._reset()
+                raise ChunkError("checksum", str(e)) from None
         self.done = True
         return data
+
+    def _header_problem(self) -> str | None:
+        """Once the header has arrived: does it describe exactly ``total`` bytes?"""
+        buf, total = self._buf, self._total
+        assert total is not None
+        need = SNAPSHOT_HEADER_BYTES_V2 if len(buf) >= 10 and struct.unpack_from(">H", buf, 8)[0] == 2 else SNAPSHOT_HEADER_BYTES
+        if len(buf) < need and len(buf) < total:
+            return None  # not all there yet
+        try:
+            hdr, _slot, _seq, meta_len, body_len, _crc = _parse_header(buf, "received snapshot")
+        except SnapshotCorrupt as e:
+            return str(e)
+        if meta_len > META_RECEIVE_BYTES_MAX:
+            return f"metadata of {meta_len} bytes exceeds {META_RECEIVE_BYTES_MAX}"
+        if hdr + meta_len + body_len != total:
+            return f"header promises {hdr + meta_len + body_len} bytes, transfer claims {total}"
+        return None

@@ -43,7 +43,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import crc32c
 import msgpack
 
 from consensus.core.config import ProtocolConfig
@@ -54,8 +53,8 @@ from consensus.machines import MACHINES, machine_factory
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
-from store.snapshot import Chunk, ChunkError, Snapshot, SnapshotReceiver, decode_snapshot, encode_snapshot, load_latest, write_snapshot
-from store.wal import WAL, GroupCommitter, WALCorruption, WALError
+from store.snapshot import Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot, load_latest, write_snapshot
+from store.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
 
 log = logging.getLogger("cellar.node")
 
@@ -318,7 +317,7 @@ class Node:
         """Check the data dir, recover the WAL and the latest snapshot, build the replica."""
         cfg = self.cfg
         try:
-            os.makedirs(cfg.data_dir, exist_ok=True)
+            makedirs_durable(cfg.data_dir)
             probe = os.path.join(cfg.data_dir, ".write-probe")
             with open(probe, "wb") as f:
                 f.write(b"ok")
@@ -328,13 +327,13 @@ class Node:
         self._check_identity()
         try:
             self.wal, raw = WAL.open(os.path.join(cfg.data_dir, "wal"), fsync=cfg.fsync,
-                                     segment_bytes_max=cfg.segment_bytes_max)
+                                     segment_bytes_max=cfg.segment_bytes_max, stream=True)
         except WALCorruption as e:
             raise NodeError(f"refusing to start: {e}") from None
         except WALError as e:
             raise NodeError(f"cannot open the write-ahead log: {e}") from None
         snap_dir = os.path.join(cfg.data_dir, "snapshots")
-        os.makedirs(snap_dir, exist_ok=True)
+        makedirs_durable(snap_dir)
         snap = load_latest(snap_dir)
         snapshot = None
         if snap is not None:
@@ -824,7 +823,7 @@ class Node:
             return
         meta, state = taken
         self._snap_slot = meta["slot"]
-        snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state)
+        snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"])
         self._snap_task = asyncio.get_running_loop().create_task(self._save_own_snapshot(snap, meta))
 
     async def _save_own_snapshot(self, snap: Snapshot, meta: dict) -> None:
@@ -883,7 +882,7 @@ class Node:
         if not installed:  # we got there by ourselves meanwhile
             return
         self._installing = True
-        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body)
+        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body, slot=meta["slot"])
         self._snap_task = asyncio.get_running_loop().create_task(self._store_installed(peer, mine, meta))
 
     async def _store_installed(self, peer: int, snap: Snapshot, meta: dict) -> None:
@@ -959,8 +958,7 @@ class Node:
         if data is None or type(offset) is not int or not 0 <= offset <= len(data):
             self.transport.send(peer, [SNAP_NONE, 0])
             return
-        piece = data[offset : offset + SNAPSHOT_CHUNK_BYTES]
-        chunk = Chunk(offset, len(data), crc32c.crc32c(data), crc32c.crc32c(piece), piece)
+        chunk = chunk_at(data, offset, SNAPSHOT_CHUNK_BYTES)
         self.transport.send(peer, [SNAP_CHUNK, chunk.to_wire()])
         if offset == 0:
             self.stats["snapshots_served"] += 1

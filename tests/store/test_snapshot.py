@@ -122,7 +122,7 @@ def test_all_damaged_means_none(tmp_path):
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(max_size=3000), chunk_bytes=st.integers(1, 700))
 def test_chunks_reassemble(data, chunk_bytes):
-    receiver = SnapshotReceiver(total_bytes_max=4096)
+    receiver = SnapshotReceiver(total_bytes_max=4096, image=False)  # the transfer layer alone
     chunks = list(iter_chunks(data, chunk_bytes))
     assert all(len(c.data) <= chunk_bytes for c in chunks)
     results = [receiver.feed(Chunk.from_wire(c.to_wire())) for c in chunks]
@@ -168,7 +168,7 @@ def test_final_checksum_mismatch_restarts_the_transfer():
     chunks = list(iter_chunks(data, 1000))
     forged = list(iter_chunks(b"b" * 2500, 1000))
     mixed = [chunks[0], Chunk(1000, 2500, chunks[0].total_crc, forged[1].crc, forged[1].data), chunks[2]]
-    rx = SnapshotReceiver(total_bytes_max=10_000)
+    rx = SnapshotReceiver(total_bytes_max=10_000, image=False)  # the transfer layer alone
     rx.feed(mixed[0])
     rx.feed(mixed[1])
     with pytest.raises(ChunkError) as e:
