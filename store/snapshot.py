@@ -200,10 +200,15 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
 
 def load_latest(directory: str | os.PathLike[str]) -> Snapshot | None:
     """The newest snapshot that is intact, or None. Damaged newer files are skipped
-    with a warning (and left in place for inspection)."""
+    with a warning (and left in place for inspection). The directory is fsynced
+    first (recovery's half of "a rename is durable only after its directory's
+    fsync")."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return None
+    # What we are about to resume from may be a rename that a crashed process never
+    # made durable: make it durable before the WAL is appended to on top of it.
+    fsync_dir(directory)
     for key, path in _list(directory):
         with open(path, "rb") as f:
             data = f.read()
