@@ -152,7 +152,6 @@ MUTANTS: list[Mutant] = [
         file=SDP,
         old="""\
         best = pick_highest(rec.promises.values())
-        upto = max([rec.need] + list(best))
 """,
         new="""\
         best = {}
@@ -161,7 +160,6 @@ MUTANTS: list[Mutant] = [
                 cur = best.get(inst)
                 if cur is None or (committed and not cur[2]):
                     best[inst] = (ballot, value, committed)
-        upto = max([rec.need] + list(best))
 """,
         rule="Paxos phase 1: re-propose the value accepted at the highest ballot",
         description="_recovery_propose keeps the first reported value per instance regardless of ballot "
@@ -496,6 +494,31 @@ MUTANTS: list[Mutant] = [
         rule="§3.4 with Fig. 7: a chosen no-op of a recoverer says nothing about the leader's instances below it",
         description="_taken counts any chosen instance as taken by its leader, so a chosen no-op above an open phantom "
         "hides it from the next view (review 7, hole 1)",
+    ),
+    Mutant(
+        name="restart-ballot-from-promise",
+        file=SDP,
+        old="""\
+        mine = [c.ballot for c in own.values() if ballot_owner(c.ballot) == self.id]
+        self.ballot = max([self.ballot] + mine)
+""",
+        new="""\
+        top = max([self.ballot] + [c.ballot for c in own.values()])
+        if top != self.ballot or self.promised[self.id] > self.ballot:
+            self.ballot = make_ballot(ballot_round(max(top, self.promised[self.id])), self.id)
+""",
+        rule="Paxos phase 1: a proposer uses only a ballot it prepared (review 8)",
+        description="a restarted command leader makes up a ballot from the highest promise it saw (above a lower-id "
+        "recoverer's, or its own unfinished re-prepare's) and proposes there without phase 1",
+    ),
+    Mutant(
+        name="compacted-recovery-no-backoff",
+        file=SDP,
+        old="            self._crec_after[m.leader] = self.now + self.cfg.resend_ticks  # not again at every ready()\n",
+        new="",
+        rule="liveness: a recovery dropped on a Compacted notice waits resend_ticks before it starts again",
+        description="a leader's own re-prepare dropped on Compacted restarts at the next ready(), at the same simulated "
+        "instant, forever (swarm seed 9203323 never ended)",
     ),
     Mutant(
         name="propose-below-own-promise",

@@ -384,10 +384,14 @@ class SDPaxosReplica(ReplicaBase):
     def _after_replay(self) -> None:
         own = self.clog[self.id]
         self.next_inst = max(self.floor_inst[self.id], max(own) + 1 if own else 0)
-        top = max([self.ballot] + [c.ballot for c in own.values()])
-        if top != self.ballot or self.promised[self.id] > self.ballot:
-            # Someone recovered our instances meanwhile: re-prepare before proposing.
-            self.ballot = make_ballot(ballot_round(max(top, self.promised[self.id])), self.id)
+        # Propose only at a ballot whose phase 1 completed: our round-0 ballot, or one
+        # of our re-prepares that reached phase 2 (it left records at that ballot).
+        # Never make one up from a promise: above a recoverer's ballot it would skip
+        # phase 1, and an unfinished re-prepare's promise was never granted (review 8).
+        # A promise above it (someone prepared our instances, or our own re-prepare
+        # did not finish) makes _flush_proposals re-prepare before anything new.
+        mine = [c.ballot for c in own.values() if ballot_owner(c.ballot) == self.id]
+        self.ballot = max([self.ballot] + mine)
         for inst in sorted(own):
             c = own[inst]
             if not c.committed:
@@ -635,6 +639,7 @@ class SDPaxosReplica(ReplicaBase):
         rec = self.crec.get(m.leader) if 0 <= m.leader < self.n else None
         if rec is not None and not rec.accepting and rec.from_inst < m.inst:
             del self.crec[m.leader]  # its phase 1 cannot be answered there: chosen range
+            self._crec_after[m.leader] = self.now + self.cfg.resend_ticks  # not again at every ready()
         if self.exec_slot < m.slot:
             self._want_snapshot(src)
             return
@@ -888,7 +893,10 @@ class SDPaxosReplica(ReplicaBase):
             rec.promises = {}
             return
         best = pick_highest(rec.promises.values())
-        upto = max([rec.need] + list(best))
+        # Promises report at most PROMISE_INSTANCES_MAX instances from from_inst: past
+        # that window nothing was reported, and a no-op there could replace a chosen
+        # value. Stop at the window; a later recovery (nack, blocked executor) goes on.
+        upto = min(max([rec.need] + list(best)), rec.from_inst + PROMISE_INSTANCES_MAX - 1)
         log = self.clog[leader]
         own = leader == self.id
         if own:

@@ -187,3 +187,27 @@ def test_gap_in_o_accepts_is_filled_while_new_slots_keep_coming():
     result = sim.summary()
     assert result["consistent"] and result["lost_acked"] == 0 and result["duplicated"] == 0
     assert sim.quiet(), "every command completes after the heal"
+
+
+def test_a_recovery_dropped_on_a_compacted_notice_backs_off():
+    """Swarm seed 9203323 (N=5, LAN, snapshots every 5 slots): on ca96456 a leader's
+    own re-prepare was dropped on a ``Compacted`` answer and started again at the very
+    next ready(), at the same simulated instant, forever: the run never ended (the
+    simulated clock stayed at 438 ms). The recovery now backs off for resend_ticks.
+    The run must end, safe, with an ordinary message count (about 4,000)."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError("the simulation did not finish within 60 s of wall time (a zero-time loop?)")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        sim = Simulation(swarm_config(9203323))
+        sim.run()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    s = sim.summary()
+    assert s["consistent"] and s["lost_acked"] == 0 and s["duplicated"] == 0
+    assert s["messages"] < 40_000

@@ -11,21 +11,21 @@ no-op a phantom recovery chose there at the lower ballot (l promised that recove
 but lost its C-accept). Acceptors that hold the chosen no-op ack the higher ballot
 without storing it ("already chosen"), so l commits and acknowledges a command that
 no other replica will ever execute. See docs/reviews/core-fixes-review-8.md, hole 1.
-"""
 
-import pytest
+Fixed: after a restart l proposes only at a ballot that reached phase 2 (records at
+it), never one made up from a promise; a promise above it makes ``_flush_proposals``
+re-prepare first, and X takes C_4^2.
+"""
 
 from .schedules import NEVER, RuleBroken, hole_then_writes, quiet, step_until
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_a_restarted_leader_proposes_above_a_promise_without_phase_1():
     """Schedule A (the steps are in ``_schedule``): R4's id is above R1's, so the
     restarted ballot (1, R4) = 36 is above R1's 33 = (1, R1)."""
     _schedule(mid_reprepare=False)
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_a_leader_restarted_mid_re_prepare_proposes_at_the_unprepared_ballot():
     """Schedule B. As schedule A, but R4 is live when it writes X first: ca96456's check sees
     promised[4] = 33 > ballot 4 and re-prepares at 68 = (round 2, R4), a durable P
