@@ -521,6 +521,18 @@ MUTANTS: list[Mutant] = [
         "instant, forever (swarm seed 9203323 never ended)",
     ),
     Mutant(
+        name="unknown-keys-ignored",
+        file=SDP,
+        old="""\
+            else:  # keys known only once applied (a prefix delete, a lease expiry): every read waits
+                self.unknown_keys_slot = self.next_slot - 1
+""",
+        new="",
+        rule="§3.5 reads: a lease read waits for every earlier write that may touch its key",
+        description="a write whose keys are known only once applied (ALL_KEYS) is left out of the history table, "
+        "so a lease read of a key it removes is served stale",
+    ),
+    Mutant(
         name="propose-below-own-promise",
         file=SDP,
         old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:\n",

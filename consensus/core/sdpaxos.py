@@ -964,6 +964,8 @@ class SDPaxosReplica(ReplicaBase):
         for key in keys:
             if type(key) in (str, int, bytes):
                 self.history[key] = self.next_slot - 1
+            else:  # keys known only once applied (a prefix delete, a lease expiry): every read waits
+                self.unknown_keys_slot = self.next_slot - 1
 
     def _before_ready(self) -> None:
         if not self._new_slots:

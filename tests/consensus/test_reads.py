@@ -93,3 +93,20 @@ def test_no_stale_read_across_a_view_change_with_the_old_sequencer_cut_off(repli
     assert sum(r.stats["lease_reads"] for r in sim.all_replicas) > 0
     assert result["consistent"] and result["lost_acked"] == 0
     assert sim.linearizable() is True, f"seed {seed}"
+
+
+def test_a_write_with_unknown_keys_holds_back_every_lease_read():
+    """A write whose keys are known only once applied (``ALL_KEYS``: a prefix delete, a
+    txn with one, a lease expiry) must make every lease read wait for its slot, or a
+    read of a key it removes is served stale from the lease (helper-found, issue 12)."""
+    from consensus.core.config import ProtocolConfig
+    from consensus.core.sdpaxos import SDPaxosReplica
+    from consensus.kv import ALL_KEYS, KVStateMachine
+
+    r = SDPaxosReplica(0, ProtocolConfig(n=3, initial_sequencer=0), KVStateMachine())
+    assert r.id == r.sequencer and r.phase == "normal"
+    r.lease_expiry = r.now + 1000  # as if a majority renewed the lease
+    r._assign(1, 0, ["k"])
+    assert r._read_slot("k") == 0 and r._read_slot("other") == -1
+    r._assign(2, 0, [ALL_KEYS])  # e.g. delete_range prefix "" at slot 1
+    assert r._read_slot("other") == 1 and r._read_slot("k") == 1
