@@ -137,6 +137,19 @@ class _NodeConn(asyncio.Protocol):
             self.transport.write(encode_frame(part))
 
 
+def _error(result: Any) -> CellarError:
+    """The typed exception for an ERROR answer: a string, or a machine's error result
+    ``{"ok": False, "code": ..., "error": ...}`` (consensus.kv)."""
+    if isinstance(result, dict):
+        code, text = result.get("code"), str(result.get("error", result))
+        kind = {"TooLarge": TooLarge, "InvalidRequest": InvalidRequest}.get(code, CellarError)
+        return kind(f"{code}: {text}" if code else text)
+    text = str(result)
+    if text.startswith(clientwire.TOO_LARGE):
+        return TooLarge(text)
+    return CellarError(text)
+
+
 class CellarClient:
     def __init__(
         self,
@@ -203,10 +216,7 @@ class CellarClient:
         conn = await self.connection(node)
         status, result = await asyncio.wait_for(conn.submit(kind, client, seq, op), self.timeout_s)
         if status != clientwire.OK:
-            text = str(result)
-            if text.startswith(clientwire.TOO_LARGE):
-                raise TooLarge(text)
-            raise CellarError(text)
+            raise _error(result)
         return result
 
     async def status(self, node: int) -> dict:

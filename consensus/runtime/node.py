@@ -49,7 +49,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import MACHINES, machine_factory
+from consensus.machines import MACHINES, machine_factory, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -267,9 +267,14 @@ class Node:
         cfg.validate()
         self.cfg = cfg
         self.pcfg = cfg.protocol_config()
+        # The machine's pure pre-proposal check (consensus.machines.validator): a bad
+        # command is answered with its error and never enters the log (a blind WRITE
+        # of it would otherwise be answered "done" once ready, though apply refuses it).
+        self._validate: Any = None
         if sm_factory is None:
             try:
                 sm_factory = machine_factory(cfg.machine, cfg.machine_config)
+                self._validate = validator(cfg.machine)
             except ValueError as e:  # e.g. scheduler_state.ConfigError
                 raise NodeError(f"machine {cfg.machine}: {e}") from None
         self.sm_factory = sm_factory
@@ -277,7 +282,7 @@ class Node:
         self.stats: dict[str, int] = {
             "client_bad_frames": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
             "snapshots_installed": 0, "snapshots_served": 0, "refused_busy": 0,
-            "refused_too_large": 0, "peer_envelopes_split": 0, "peer_messages_oversized": 0,
+            "refused_too_large": 0, "refused_invalid": 0, "peer_envelopes_split": 0, "peer_messages_oversized": 0,
         }
         self.replica: Any = None
         self.wal: WAL | None = None
@@ -577,6 +582,12 @@ class Node:
             if kind == clientwire.ADMIN:
                 conn.reply(self._admin(client, seq, op))
                 continue
+            if self._validate is not None:
+                error = self._validate(op)
+                if error is not None:
+                    self.stats["refused_invalid"] += 1
+                    conn.reply([client, seq, clientwire.ERROR, error])
+                    continue
             if self._installing or len(self._waiters) >= WAITERS_MAX or replica.backlog >= PENDING_MAX:
                 self.stats["refused_busy"] += 1
                 conn.reply([client, seq, clientwire.ERROR, "busy: retry later"])

@@ -47,3 +47,25 @@ async def test_big_commands_succeed_or_fail_too_large_never_hang(make_cluster, p
         sts = await converged(cellar, [0, 1, 2])
         assert all(st["stats"]["refused_too_large"] >= 0 for st in sts)
         assert sum(st["stats"]["peer_messages_oversized"] for st in sts) == 0
+
+
+async def test_invalid_commands_are_refused_before_the_log(make_cluster):
+    """A float key (once acknowledged as a success with nothing stored) and other
+    malformed commands get InvalidRequest and change nothing."""
+    from store.client import InvalidRequest
+
+    cluster = make_cluster(3)
+    cluster.start_all()
+    await cluster.await_ready()
+    async with CellarClient(cluster.client_addresses, timeout_s=5.0, deadline_s=30.0) as cellar:
+        await committing(cellar)
+        s = cellar.session(node=1)
+        before = (await cellar.status(1))["exec_slot"]
+        for key, value in [(1.5, "x"), ("k", {"nested": 1}), ("", "empty key"), ("k", None)]:
+            with pytest.raises(InvalidRequest):
+                await s.put(key, value)
+        st = await cellar.status(1)
+        assert st["stats"]["refused_invalid"] == 4
+        assert st["exec_slot"] == before  # nothing entered the log
+        await s.put("k", "fine")
+        assert await s.get("k") == "fine"
