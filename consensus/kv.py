@@ -497,6 +497,18 @@ def _check(op: Any) -> None:
         raise _Invalid(INVALID_REQUEST, "operation must be a non-empty list or a mapping with an 'op'")
 
 
+_STAMPED_OPS = frozenset(("lease_grant", "lease_keepalive", "lease_timetolive"))
+
+
+def stamp(op: Any, now_ms: int) -> Any:
+    """``op`` with ``now_ms`` set from the clock of the replica that proposes it (the
+    lease commands a client sends; a client's own ``now_ms`` is replaced). Pure: the
+    time is a value in the command, never a clock in ``apply``."""
+    if type(op) is dict and op.get("op") in _STAMPED_OPS:
+        return {**op, "now_ms": now_ms}
+    return op
+
+
 def validate(op: Any) -> dict | None:
     """None if ``op`` is a well-formed command within the limits, else its error result.
 

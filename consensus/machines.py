@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from consensus.core.statemachine import ReplicatedMachine
-from consensus.kv import KVStateMachine, validate
+from consensus.kv import KVStateMachine, stamp, validate
 
 MACHINES = ("kv", "scheduler")
 
@@ -51,6 +51,15 @@ def _accept(op: Any) -> None:
 
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate}
+
+
+_STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp}
+
+
+def stamper(name: str) -> Callable[[Any, int], Any] | None:
+    """``(op, now_ms) -> op`` that stamps the proposing replica's time into the commands
+    of machine ``name`` that need it, or None (the machine stamps nothing)."""
+    return _STAMPERS.get(name)
 
 
 def validator(name: str) -> Callable[[Any], Any]:

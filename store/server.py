@@ -232,7 +232,12 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         install_test_core_fault(node.replica, fault)
     tune_gc()
     await node.start()
-    service = api = None
+    service = api = leases = None
+    if cfg.machine == "kv":
+        from store.kv_service import KVLeaseService
+
+        leases = KVLeaseService(node)  # proposes lease expiry and the failover extension
+        leases.start()
     if hived is not None:
         from store.scheduler_service import SchedulerService
 
@@ -258,6 +263,8 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
         os.replace(tmp, ready_file)
     await node.stopped.wait()
+    if leases is not None:
+        await leases.stop()
     if api is not None:
         await api.stop()
     if service is not None:

@@ -49,7 +49,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import MACHINES, machine_factory, validator
+from consensus.machines import MACHINES, machine_factory, stamper, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -271,10 +271,12 @@ class Node:
         # command is answered with its error and never enters the log (a blind WRITE
         # of it would otherwise be answered "done" once ready, though apply refuses it).
         self._validate: Any = None
+        self._stamp: Any = None  # time for the commands that need it (consensus.machines.stamper)
         if sm_factory is None:
             try:
                 sm_factory = machine_factory(cfg.machine, cfg.machine_config)
                 self._validate = validator(cfg.machine)
+                self._stamp = stamper(cfg.machine)
             except ValueError as e:  # e.g. scheduler_state.ConfigError
                 raise NodeError(f"machine {cfg.machine}: {e}") from None
         self.sm_factory = sm_factory
@@ -582,6 +584,8 @@ class Node:
             if kind == clientwire.ADMIN:
                 conn.reply(self._admin(client, seq, op))
                 continue
+            if self._stamp is not None:
+                op = self._stamp(op, int(time.time() * 1000))
             if self._validate is not None:
                 error = self._validate(op)
                 if error is not None:
