@@ -14,7 +14,7 @@
     fsync = "batch"           # always | batch | never
     machine = "scheduler"     # or "kv" (the default)
     hived_config = "examples/hived-small.yaml"   # the scheduler's HiveD config
-    http = "127.0.0.1:7200"   # the scheduler's HTTP API (store/http_api.py)
+    http = "127.0.0.1:7200"   # the HTTP API (store/kv_http.py; the scheduler's: store/http_api.py)
     [peers]
     0 = "127.0.0.1:7000"
     1 = "127.0.0.1:7001"
@@ -154,9 +154,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
         cfg.extra["hived_config"] = path
     elif cfg.machine == "scheduler":
         raise NodeError("the scheduler machine needs --hived-config FILE (or hived_config in the config file)")
-    if raw.get("http") is not None:
-        if cfg.machine != "scheduler":
-            raise NodeError("--http serves the scheduler's API (add --machine scheduler)")
+    if raw.get("http") is not None:  # the machine's HTTP API: store/http_api.py or store/kv_http.py
         cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
     cfg.validate()
     return cfg
@@ -238,6 +236,17 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
 
         leases = KVLeaseService(node)  # proposes lease expiry and the failover extension
         leases.start()
+        if cfg.extra.get("http"):
+            from store.kv_http import KVAPI
+
+            api = KVAPI(node)
+            host, port = cfg.extra["http"]
+            try:
+                await api.start(host, port)
+            except OSError as e:
+                await leases.stop()
+                await node.stop()
+                raise NodeError(f"cannot serve HTTP on {host}:{port}: {e.strerror or e}") from None
     if hived is not None:
         from store.scheduler_service import SchedulerService
 
@@ -298,7 +307,7 @@ def install_loop() -> None:
 @click.option("--snapshot-every", type=int, help="Executed slots between snapshots (0: never).")
 @click.option("--machine", type=click.Choice(["kv", "scheduler"]), help="The replicated machine (default kv).")
 @click.option("--hived-config", type=click.Path(dir_okay=False), help="The scheduler's HiveD config file.")
-@click.option("--http", "http", help="Serve the scheduler's HTTP API on HOST:PORT.")
+@click.option("--http", "http", help="Serve the machine's HTTP API on HOST:PORT (KV: store/kv_http.py).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
@@ -343,7 +352,7 @@ class LocalCluster:
             base_port + 100 + i for i in range(replicas)] + [base_port + 200 + i for i in range(replicas)]
         self.peer_ports = ports[:replicas]
         self.client_ports = ports[replicas:2 * replicas]
-        # --http HOST:PORT per node (the scheduler's API) when asked for
+        # --http HOST:PORT per node (the machine's HTTP API) when asked for
         self.http_ports = ports[2 * replicas:] if http else []
         self.procs: dict[int, subprocess.Popen] = {}
 

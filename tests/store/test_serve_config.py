@@ -33,7 +33,8 @@ def test_flags_and_errors(tmp_path):
     assert build_config(None, {"id": 1, "peers": PEERS, "data_dir": "d"}).machine == "kv"
     with pytest.raises(NodeError, match="needs --hived-config"):
         build_config(None, {"id": 0, "peers": PEERS, "data_dir": "d", "machine": "scheduler"})
-    with pytest.raises(NodeError, match="add --machine scheduler"):
-        build_config(None, {"id": 0, "peers": PEERS, "data_dir": "d", "http": "127.0.0.1:1"})
+    # --http serves the KV machine's API too (store/kv_http.py)
+    assert build_config(None, {"id": 0, "peers": PEERS, "data_dir": "d", "http": "127.0.0.1:1"}).extra["http"] == (
+        "127.0.0.1", 1)
     with pytest.raises(NodeError, match="cannot read"):
         load_hived_config(str(tmp_path / "missing.yaml"))
