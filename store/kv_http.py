@@ -442,9 +442,17 @@ class KVAPI:
     async def _body(self, request: web.Request) -> Any:
         if request.content_length is not None and request.content_length > self.body_bytes_max:
             raise self._too_large()
-        raw = await request.content.read(self.body_bytes_max + 1)
-        if len(raw) > self.body_bytes_max:
-            raise self._too_large()
+        chunks: list[bytes] = []
+        size = 0
+        while True:  # StreamReader.read(n) answers what has arrived so far: read to the end
+            chunk = await request.content.read(self.body_bytes_max + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > self.body_bytes_max:
+                raise self._too_large()
+        raw = b"".join(chunks)
         if not raw.strip():
             return {}
         try:
