@@ -1014,10 +1014,15 @@ class Node:
         except Exception as e:  # the peer's bytes, not our state: drop it
             log.warning("snapshot from node %d is unusable: %s", peer, e)
             return
-        if type(meta) is not dict or type(meta.get("slot")) is not int:
+        if type(meta) is not dict or type(meta.get("slot")) is not int or snap.slot not in (None, meta["slot"]):
             log.warning("snapshot from node %d has unusable metadata", peer)
             return
         if self._snap_task is not None or meta["slot"] <= getattr(self.replica, "exec_slot", 0):
+            return
+        try:  # an unreadable state must not reach the core: install_snapshot would stop us half-restored
+            type(self.replica.executor)(self.sm_factory()).restore(snap.body)
+        except Exception as e:
+            log.warning("snapshot from node %d has an unreadable state: %s", peer, _describe(e))
             return
         self._fetched = (peer, snap, meta)  # installed at the end of the next _process turn
         self._kick()
