@@ -760,8 +760,12 @@ class Node:
                 except Exception as e:
                     self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
                     return
-        elif seq > wal.durable_seq:
-            self.committer.request_sync()
+        elif seq > wal.durable_seq:  # nothing waits, but a failure of this sync must stop us now
+            try:
+                self.committer.on_durable(seq, self._on_durable)
+            except Exception as e:
+                self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
+                return
         if self._down:
             return
         # 4. install a fetched snapshot
@@ -777,8 +781,9 @@ class Node:
     def _on_durable(self, exc: BaseException | None) -> None:
         if self._down:
             return
-        if exc is not None:
-            self._fail(f"write-ahead log fsync failed: {_describe(exc)}", exc)
+        if exc is not None:  # a bare OSError is the write before the fsync (GroupCommitter._start_sync)
+            what = "write" if isinstance(exc, OSError) else "fsync"
+            self._fail(f"write-ahead log {what} failed: {_describe(exc)}", exc)
             return
         try:
             durable = self.wal.durable_seq
