@@ -162,9 +162,14 @@ class SchedulerAPI:
     async def _body(self, request: web.Request) -> Any:
         if request.content_length is not None and request.content_length > self.body_bytes_max:
             raise HTTPError(413, f"body larger than {self.body_bytes_max} bytes", "body")
-        raw = await request.content.read(self.body_bytes_max + 1)
-        if len(raw) > self.body_bytes_max:
-            raise HTTPError(413, f"body larger than {self.body_bytes_max} bytes", "body")
+        raw = bytearray()
+        while True:  # read() returns what has arrived so far: loop to the end (bounded)
+            chunk = await request.content.read(self.body_bytes_max + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+            if len(raw) > self.body_bytes_max:
+                raise HTTPError(413, f"body larger than {self.body_bytes_max} bytes", "body")
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
