@@ -533,6 +533,19 @@ MUTANTS: list[Mutant] = [
         "so a lease read of a key it removes is served stale",
     ),
     Mutant(
+        name="fig7-keeps-stale-old-view",
+        file=SDP,
+        old="""\
+                del log[j]  # possibly overwritten by the last view (docstring)
+""",
+        new="""\
+                pass
+""",
+        rule="Fig. 7 (N=5): a slot reported only at a view older than the last serving one, not committed, may hold R_m's fast-executed slot",
+        description="the new sequencer re-proposes a stale old-view value where the last view gave R_m a slot "
+        "R_m already executed (steered search seed 5095, fork 136:1)",
+    ),
+    Mutant(
         name="propose-below-own-promise",
         file=SDP,
         old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:\n",

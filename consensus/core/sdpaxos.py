@@ -1556,7 +1556,7 @@ class SDPaxosReplica(ReplicaBase):
         log: dict[int, int] = {j: e[1] for j, e in best.items()}
         end = max(log) + 1 if log else base
         if self.n == 5:
-            self._fig7(base, log, voters)
+            self._fig7(base, log, voters, best)
             end = max(log) + 1 if log else base
             if end == base:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
@@ -1614,10 +1614,19 @@ class SDPaxosReplica(ReplicaBase):
             self._start_serving()
         self._ping()
 
-    def _fig7(self, base: int, log: dict[int, int], voters: list[int]) -> tuple[int, int] | None:
+    def _fig7(self, base: int, log: dict[int, int], voters: list[int], best: dict | None = None) -> tuple[int, int] | None:
         """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
         replica R_m that neither voted nor was the last sequencer; give them to R_m
-        until it owns as many slots as C-instances a voter accepted from it."""
+        until it owns as many slots as C-instances a voter accepted from it.
+
+        A slot whose highest report is from a view older than the last serving one
+        (and not committed) is a hole too: had that old value been chosen, the last
+        view's phase 1 would have found it and re-proposed it in its recovered log,
+        which a voter that reports that view holds whole (so the slot would be
+        reported at the last view). Not chosen, the last sequencer may have given the
+        slot to R_m, and R_m may have executed it on the fast path (found by the
+        steered search: a stale view-36 report at a slot view 67 gave R_m, which
+        executed it)."""
         # The last sequencer that may have proposed unseen slots. It served only once
         # a majority took its O-accepts, so some voter reports its view (o_view); a
         # higher reported view whose sequencer never served re-proposed every slot
@@ -1630,6 +1639,10 @@ class SDPaxosReplica(ReplicaBase):
         if len(others) != 1:
             return
         m = others[0]
+        if best is not None:
+            for j in [j for j, (view, _leader, committed) in best.items()
+                      if j >= base and view < last_view and not committed and j in log]:
+                del log[j]  # possibly overwritten by the last view (docstring)
         c_m = max([self.c_max[m]] + [v.c_max[m] for v in self.votes.values()])
         if c_m < 0:
             return

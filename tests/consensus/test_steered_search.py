@@ -76,9 +76,12 @@ def test_steered_search_finds_the_replanted_bug(tmp_path, name, seed, args, runs
     assert not clean["failures"], f"{first['replay']} fails on the unmutated core too: {clean['failures']}"
 
 
-@pytest.mark.xfail(reason="open: found by the steered search on the unmutated core (docs/steered-search.md)", strict=False)
 @pytest.mark.parametrize("seed,fork,args", CORE_FINDINGS, ids=[f"seed-{f[0]}-fork-{f[1][0]}-{f[1][1]}" for f in CORE_FINDINGS])
 def test_core_finding_replays_clean(seed, fork, args):
+    """Found by the steered search on the unmutated core (19ce4a0): a new N=5
+    sequencer re-proposed a stale view-36 value at a slot that the last serving view
+    (67) had given R_m and R_m had executed on the fast path (SafetyViolation at R2).
+    Fixed in _fig7: such a slot is a hole (mutant fig7-keeps-stale-old-view)."""
     opts = steer.Options(replicas=(5,), check_liveness=False)
     _, result = steer.run_seed(seed, opts, fork)
     assert not result["failures"], f"{result['failures']}\n{steer.replay_command(seed, opts, fork)}"
