@@ -49,7 +49,8 @@ async def converge(cellar: CellarClient, nodes: list[int], timeout_s: float) -> 
         await asyncio.sleep(0.2)
 
 
-async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, keep: bool, echo) -> int:
+async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, keep: bool, echo,
+                   as_json: bool = False) -> int:
     root = tempfile.mkdtemp(prefix="cellar-demo-")
     cluster = LocalCluster(root, replicas, protocol=protocol, fsync="batch", cluster_id="demo")
     echo(f"Starting {replicas} replicas ({protocol}, fsync=batch) on 127.0.0.1; data and logs in {root}")
@@ -80,7 +81,8 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
             t0 = time.monotonic()
             last = [0, t0]
 
-            tty = sys.stdout.isatty()
+            out = sys.stderr if as_json else sys.stdout  # --json: stdout holds the figures only
+            tty = out.isatty()
 
             def progress(res) -> None:
                 now = time.monotonic()
@@ -89,8 +91,8 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
                 rate = (res.ops - last[0]) / max(1e-6, now - last[1])
                 last[0], last[1] = res.ops, now
                 line = f"  t={now - t0:5.1f}s  ops {res.ops:>8}  now {rate:>8.0f} ops/s  errors {res.errors}"
-                sys.stdout.write(f"\r{line}   " if tty else f"{line}\n")
-                sys.stdout.flush()
+                out.write(f"\r{line}   " if tty else f"{line}\n")
+                out.flush()
 
             chaos_task = asyncio.create_task(chaos())
             res = await run_load(cellar, sessions=sessions, seconds=seconds, read_fraction=0.2, keys=50,
@@ -120,7 +122,22 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
         same = len(digests) == 1 and None not in digests
         echo(f"replicas     {'identical state (digests match)' if same else 'DIGESTS DIFFER'}")
         echo(f"acked writes {len(res.acked_writes):,} keys checked, {missing} missing or stale")
-        return 0 if same and missing == 0 else 1
+        ok = same and missing == 0
+        if as_json:
+            import json
+
+            click.echo(json.dumps({
+                "ok": ok, "replicas": replicas, "protocol": protocol, "seconds": round(res.seconds, 3),
+                "ops": res.ops, "reads": res.reads, "errors": res.errors,
+                "throughput_ops_s": round(res.throughput(), 1),
+                "latency_ms": {"p50": round(res.percentile(0.5), 3), "p99": round(res.percentile(0.99), 3),
+                               "max": round(max(res.latencies_ms), 3)},
+                "killed": seq, "sequencer_after": new_seq, "longest_stall_ms": round(stall, 1),
+                "digests_match": same, "acked_keys_checked": len(res.acked_writes), "acked_missing": missing,
+                "nodes": [{"id": st.get("id"), "exec_slot": st.get("exec_slot"), "digest": st.get("digest"),
+                           "view": st.get("view")} for st in statuses],
+            }, sort_keys=True))
+        return 0 if ok else 1
     finally:
         cluster.stop_all()
         if not keep:
@@ -139,7 +156,7 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
 @click.option("--hived-config", type=click.Path(dir_okay=False, exists=True),
               help="scheduler: the HiveD config [default: examples/hived-demo.yaml].")
 @click.option("--seed", type=int, default=1, show_default=True, help="scheduler: the job stream's seed.")
-@click.option("--json", "as_json", is_flag=True, help="scheduler: print the figures and verdicts as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures and verdicts as one JSON object (progress on stderr).")
 @click.option("--keep", is_flag=True, help="Keep the data dirs and logs.")
 def demo(machine, replicas, seconds, sessions, protocol, hived_config, seed, as_json, keep) -> None:
     """A local cluster under load; the sequencer is SIGKILLed and restarted.
@@ -156,7 +173,8 @@ def demo(machine, replicas, seconds, sessions, protocol, hived_config, seed, as_
         code = asyncio.run(run_scheduler_demo(replicas, seconds, sessions or 8, seed, hived_config or str(EXAMPLE),
                                               keep, as_json, click.echo))
     else:
-        if hived_config or as_json:
-            raise click.UsageError("--hived-config and --json go with --machine scheduler")
-        code = asyncio.run(run_demo(replicas, seconds, sessions or 64, protocol, keep, click.echo))
+        if hived_config:
+            raise click.UsageError("--hived-config goes with --machine scheduler")
+        echo = (lambda line="": click.echo(line, err=True)) if as_json else click.echo
+        code = asyncio.run(run_demo(replicas, seconds, sessions or 64, protocol, keep, echo, as_json))
     sys.exit(code)
