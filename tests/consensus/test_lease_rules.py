@@ -54,3 +54,29 @@ def test_the_lease_takes_the_oldest_promise_of_the_majority():
     # Majority {S, R1 (promise from `first`), R2 (from `second`)}: the lease ends
     # with the oldest of those promises.
     assert r.lease_expiry == first + int(cfg.lease_ticks * (1 - cfg.drift))
+
+
+def test_a_restarted_replica_votes_only_after_one_lease():
+    """A pong's promise is volatile: a replica that (re)starts may have promised the
+    old sequencer a lease it no longer remembers, so it votes for nobody until
+    lease_ticks + 2 ticks have passed (mutant ``restart-forgets-lease``)."""
+    from consensus.core.config import make_ballot
+    from consensus.core.messages import Vote, VRequest
+
+    cfg = ProtocolConfig(n=3, initial_sequencer=0)
+    r = SDPaxosReplica(1, cfg, KVStateMachine())  # a fresh incarnation (as after a restart)
+    view = make_ballot(1, 2)
+
+    def votes() -> list:
+        return [m for _, msgs in r.ready().messages for m in msgs if isinstance(m, Vote)]
+
+    r.step(2, [VRequest(view, 0)])
+    assert not votes(), "voted at once after a restart"
+    while r.now < cfg.lease_ticks + 1:
+        r.tick()
+        r.step(2, [VRequest(view, 0)])
+        assert not votes(), f"voted at tick {r.now}, inside the forgotten lease"
+    for _ in range(3):
+        r.tick()
+    r.step(2, [VRequest(view, 0)])
+    assert votes(), "votes once a whole lease has passed"
