@@ -52,3 +52,19 @@ def test_multipaxos_take_office_re_proposes_the_highest_view_value():
     assert old < higher < view
     r.step(0, [Vote(view, 0, [[0, higher, X, False]], [], 0, [])])
     assert r.log[0].batch == X, f"re-proposed {r.log[0].batch!r}; X was accepted in the higher view"
+
+
+def test_a_short_commit_of_another_ballot_does_not_commit_the_held_value():
+    """Trap 6: a short C-commit (no value) names its ballot; a replica holding a value
+    of another ballot for that instance must not mark it chosen (mutant
+    ``short-commit-any-ballot``): it fetches the chosen value instead."""
+    from consensus.core.messages import CAccept, CCommit
+
+    r = SDPaxosReplica(2, ProtocolConfig(n=3, initial_sequencer=0), KVStateMachine())
+    b1, b2 = make_ballot(0, 1), make_ballot(1, 0)
+    r.step(1, [CAccept(r.view, 1, 0, b1, X)])
+    assert r.clog[1][0].cmds == X and not r.clog[1][0].committed
+    r.step(0, [CCommit(r.view, 1, 0, b2, False, None)])  # chosen at b2: maybe another value
+    assert not r.clog[1][0].committed, "marked X chosen on a commit of another ballot"
+    r.step(0, [CCommit(r.view, 1, 0, b1, False, None)])
+    assert r.clog[1][0].committed
