@@ -546,6 +546,31 @@ MUTANTS: list[Mutant] = [
         "R_m already executed (steered search seed 5095, fork 136:1)",
     ),
     Mutant(
+        name="handover-sent-once",
+        file=SDP,
+        old="""\
+                if now - since >= self.cfg.election_ticks:
+                    self._handover = None
+                    self._step_down()
+                    return
+                self.broadcast(Handover(self.view, target))
+""",
+        new="""\
+                pass
+""",
+        rule="liveness: a handing-over sequencer resends its Handover and steps down if no new view comes (review 9)",
+        description="the Handover goes out once: lost, or its target cut off, the cluster keeps a sequencer without a lease forever",
+    ),
+    Mutant(
+        name="handover-keeps-self-promise",
+        file=SDP,
+        old="        if not self._handing_over():\n            # Our own promise",
+        new="        if True:\n            # Our own promise",
+        rule="a sequencer that hands over must be able to vote in its target's election (review 9)",
+        description="the handing-over sequencer keeps renewing its promise to itself and never votes; a new view forms "
+        "without the replica that held the only durable copy of some slots",
+    ),
+    Mutant(
         name="propose-below-own-promise",
         file=SDP,
         old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:\n",

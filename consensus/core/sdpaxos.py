@@ -265,6 +265,7 @@ class SDPaxosReplica(ReplicaBase):
         self.lease_acks = [-1] * n  # sequencer: ping tick each replica last answered
         self.lease_expiry = -1  # sequencer: lease valid while now < lease_expiry
         self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
+        self._handover: tuple[int, int, int] | None = None  # (view, target, since tick) while handing over
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
         # Pre-vote (Raft §9.6): the view we would stand for, and who would vote for it.
@@ -426,8 +427,12 @@ class SDPaxosReplica(ReplicaBase):
         self.lease_expiry = -1
         self.lease_until = 0
         self.distrust_view = self.view
+        self._handover = (self.view, target, self.now)
         self.broadcast(Handover(self.view, target))
         return True
+
+    def _handing_over(self) -> bool:
+        return self._handover is not None and self._handover[0] == self.view
 
     # --- snapshots and log compaction -------------------------------------------------
 
@@ -1671,8 +1676,11 @@ class SDPaxosReplica(ReplicaBase):
     # --- leases and failure detection -------------------------------------------------
 
     def _ping(self) -> None:
-        self.lease_until = self.now + self.cfg.lease_ticks
-        self.lease_to = self.id
+        if not self._handing_over():
+            # Our own promise (we vote for nobody else meanwhile); not while handing
+            # over: we must be able to vote in our target's election (review 9).
+            self.lease_until = self.now + self.cfg.lease_ticks
+            self.lease_to = self.id
         self.broadcast(Ping(self.view, self.now))
 
     @handles(_handlers, Ping)
@@ -1852,6 +1860,16 @@ class SDPaxosReplica(ReplicaBase):
             else:
                 self._recompute_majority()  # a snapshot may have decided the last one
         if now % self.cfg.heartbeat_ticks == 0:
+            if self._handing_over():
+                # A Handover may be lost, or its target cut off: resend it, and if no
+                # new view came within an election timeout, step down so that the
+                # replicas elect someone (review 9: else no lease, ever).
+                _view, target, since = self._handover
+                if now - since >= self.cfg.election_ticks:
+                    self._handover = None
+                    self._step_down()
+                    return
+                self.broadcast(Handover(self.view, target))
             self._ping()
         for dst in range(self.n):
             if dst == self.id:

@@ -98,7 +98,6 @@ def _no_lease_after_handover(replicas: int, target: int, lost_to: set, cut_targe
         )
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_n3_a_handover_lost_to_its_target_leaves_the_cluster_without_a_lease_forever():
     """N = 3, one lost message.
 
@@ -116,7 +115,6 @@ def test_n3_a_handover_lost_to_its_target_leaves_the_cluster_without_a_lease_for
     _no_lease_after_handover(3, target=2, lost_to={2}, cut_target=False)
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_n3_a_handover_to_a_cut_off_target_leaves_no_lease_after_it_is_back():
     """N = 3: the operator hands over to R2 while R2 is cut off (a network fault,
     or R2 down). Steps 2-4 as above; R2 rejoins at 3 s and hears R0's pings, so it
@@ -124,7 +122,6 @@ def test_n3_a_handover_to_a_cut_off_target_leaves_no_lease_after_it_is_back():
     _no_lease_after_handover(3, target=2, lost_to=set(), cut_target=True)
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_n5_two_lost_handovers_leave_the_cluster_without_a_lease_forever():
     """N = 5, two lost messages (the Handover to the target R2 and to R3). R1 and R4
     distrust R0 and pre-vote; R0 (serving), R2 and R3 (hearing R0) refuse: two
@@ -261,7 +258,6 @@ def test_handover_campaign_smoke(seed):
     assert judge_handover(handover_config(seed)) == []
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken)
 def test_handover_campaign_seed_101663_an_amnesiac_acceptor_and_a_non_voting_old_sequencer():
     """Found by the handover campaign (N = 3, geo, SimDisk with 20 ms syncs, lost
     unsynced records on a crash; only two of its four handovers matter).
