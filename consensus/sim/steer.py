@@ -537,6 +537,42 @@ def ghost_checks(sim: Simulation) -> list[str]:
     return out
 
 
+def quorum_checks(sim: Simulation) -> list[str]:
+    """Paxos's invariant behind every C-commit, from the durable records: an instance
+    committed at ballot b was accepted at b by a majority (a proposer's tally may not
+    mix ballots, and nobody commits on fewer acks). Each replica persists a ``C``
+    record before it acks and a ``CC`` record when it learns the commit; the ballot a
+    ``CC`` commits is that of the replica's last ``C`` record for the instance. Skipped
+    in runs that compacted (snapshots drop records)."""
+    if sim.snapshots_taken or getattr(sim, "snapshots_installed", 0):
+        return []
+    quorum = sim.n // 2 + 1
+    accepted: dict[tuple, set] = {}
+    learned: dict[tuple, set] = {}  # replicas that knew the instance chosen: they ack any higher ballot unstored
+    commits: set = set()
+    for node, records in enumerate(sim.disks):
+        last: dict[tuple, int] = {}
+        for rec in records:
+            if type(rec) is not list or not rec:
+                continue
+            if rec[0] == "C":
+                _, leader, inst, ballot, _cmds = rec
+                last[(leader, inst)] = ballot
+                accepted.setdefault((leader, inst, ballot), set()).add(node)
+            elif rec[0] == "CC":
+                b = last.get((rec[1], rec[2]))
+                learned.setdefault((rec[1], rec[2]), set()).add(node)
+                if b is not None:
+                    commits.add((rec[1], rec[2], b))
+    out = []
+    for leader, inst, ballot in sorted(commits):
+        who = accepted.get((leader, inst, ballot), set()) | learned.get((leader, inst), set())
+        if len(who) < quorum and len(out) < 3:
+            out.append(f"quorum: C-instance ({leader},{inst}) committed at ballot {ballot}, "
+                       f"accepted at that ballot by {sorted(who)} only")
+    return out
+
+
 def check_run(sim: Simulation, opts: Options, failures: list[str]) -> dict:
     result = sim.summary()
     for name in ("consistent", "agreement"):
@@ -546,6 +582,7 @@ def check_run(sim: Simulation, opts: Options, failures: list[str]) -> dict:
         if result[name]:
             failures.append(f"{name}={result[name]}")
     failures += ghost_checks(sim)
+    failures += quorum_checks(sim)
     if opts.check_liveness and not sim.quiet():
         failures.append("not live: commands still pending after the heal")
     lin = sim.linearizable(timeout_s=opts.lin_timeout_s)
