@@ -239,7 +239,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="exec-uncommitted-oslot",
         file=SDP,
-        old="if slot is None or not (slot.committed or (slot.fast and slot.leader == me and slot.view == self.view)):",
+        old="if slot is None or not (slot.committed or (slot.fast and slot.durable and slot.leader == me and slot.view == self.view)):",
         new="if slot is None or not (slot.committed or slot.view == self.view):",
         rule="execution: only committed O-slots (or the CL's own N=5 fast slot) execute",
         description="_execute runs every O-slot accepted in the current view, committed or not",
@@ -578,6 +578,32 @@ MUTANTS: list[Mutant] = [
         rule="Paxos: an acceptor (the command leader itself) never accepts below a promise it gave; one value per instance",
         description="a command leader proposes its next command at its old ballot over a recoverer's chosen no-op "
         "(review 7, hole 2: two values chosen for one C-instance)",
+    ),
+    Mutant(
+        name="n3-commit-unsynced-accept",
+        file=SDP,
+        old="            self._commit_oslots(self.o_durable)\n        elif self.n >= 7:",
+        new="            self._commit_oslots(self.o_prefix)\n        elif self.n >= 7:",
+        rule="N = 3: a replica's own O-accept counts towards the majority only once durable (handover seed 302704)",
+        description="a non-sequencer commits and executes on the sequencer's O-accept and its own unsynced accept; "
+        "a crash before the sync leaves the incarnation having executed a value the next view replaces",
+    ),
+    Mutant(
+        name="n5-fast-exec-unsynced",
+        file=SDP,
+        old="(slot.fast and slot.durable and slot.leader == me and slot.view == self.view)",
+        new="(slot.fast and slot.leader == me and slot.view == self.view)",
+        rule="N = 5: the command leader's fast commit (Fig. 5 line 29) waits for its own O record to be durable",
+        description="R_m executes its own slot on the sequencer's O-accept before its accept is on disk",
+    ),
+    Mutant(
+        name="sequencer-counts-unsynced-accept",
+        file=SDP,
+        old="        self.acked[self.id] = self.o_durable  # our own accepts count once on disk\n",
+        new="        self.acked[self.id] = self.o_prefix\n",
+        rule="the sequencer's own entry in its O-ack count is its durable prefix",
+        description="the sequencer counts its own unsynced accepts in the majority (only an ack overtaking its sync "
+        "could show it: no driver allows that, the rule test does)",
     ),
 ]
 

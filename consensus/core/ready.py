@@ -10,7 +10,16 @@ The contract, in the order the driver must follow (as etcd raft's ``Ready``):
 3. **deliver** ``replies`` to the clients that proposed them.
 4. ``executed`` reports what was applied to the state machine, in global order, for
    observers (simulator checks, metrics); the driver need not act on it.
-5. ``snapshot_from``: when not None, the replica needs log entries that peer
+5. ``token``: when ``persist`` is not empty, a number that grows with each such
+   Ready. Once those records are durable, tell the replica: ``persisted(token)``
+   (it means every Ready up to ``token``), then call ``ready()`` again — a replica
+   counts its *own* acceptance towards a quorum only once it is durable, so the
+   commits and executions it was waiting for come out then. A driver that makes the
+   records durable before it acts on any effect of the Ready (the simulator without
+   a disk model, the explorer, tests) may call ``ready(sync=True)`` instead: the
+   Ready's records count as durable at once, and what that decides is in the same
+   Ready (its persist list included, so it still goes to disk first).
+6. ``snapshot_from``: when not None, the replica needs log entries that peer
    ``snapshot_from`` compacted away. Fetch that peer's latest stored snapshot
    ``(meta, state)`` (asynchronously; dropping the request is fine, the replica asks
    again) and, when it arrives, follow ``install_snapshot``'s steps
@@ -55,6 +64,8 @@ class Ready:
     executed: list = field(default_factory=list)
     # Fetch the latest snapshot of this peer (a needed log entry was compacted there).
     snapshot_from: int | None = None
+    # Number of this Ready's persist list, for ``persisted`` (0: nothing to persist).
+    token: int = 0
 
     def empty(self) -> bool:
         return not (self.persist or self.messages or self.replies or self.executed or self.snapshot_from is not None)

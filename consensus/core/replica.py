@@ -97,6 +97,8 @@ class ReplicaBase:
         self._ack_ewma = [0.0] * cfg.n
         self._ack_seen = [-1] * cfg.n
         self._snapshot_from: int | None = None  # Ready.snapshot_from, one-shot
+        self._token = 0  # Ready.token of the last Ready that had records
+        self._durable_token = 0  # every Ready up to this one is durable (persisted())
         if snapshot is not None:
             meta, state = snapshot
             if type(meta) is not dict or meta.get("protocol") != self.protocol:
@@ -141,9 +143,39 @@ class ReplicaBase:
         self._lazy = {}
         self._on_tick()
 
-    def ready(self) -> Ready:
+    @property
+    def token(self) -> int:
+        """The last Ready's token (``persisted(replica.token)``: everything is durable)."""
+        return self._token
+
+    @property
+    def durable_token(self) -> int:
+        return self._durable_token
+
+    def persisted(self, token: int) -> None:
+        """The driver made every Ready's records up to ``token`` durable. What waited
+        on that (our own acceptances counted towards a quorum) goes on; its effects are
+        in the next ``ready()``."""
+        if token > self._token:
+            raise ValueError(f"persisted({token}): no Ready has that token yet (last {self._token})")
+        if token > self._durable_token:
+            self._durable_token = token
+            self._on_persisted()
+
+    def ready(self, sync: bool = False) -> Ready:
+        """The effects to carry out (``consensus.core.ready``). ``sync=True``: the
+        driver makes this Ready's records durable before acting on any of its effects,
+        so they count as durable already (no ``persisted`` call)."""
         self._flush_proposals()
         self._before_ready()
+        token = 0
+        if self._persist:
+            self._token += 1
+            token = self._token
+            self._sealed(token)
+            if sync:
+                self._durable_token = token
+                self._on_persisted(sync=True)
         messages = []
         for dst in sorted(self._out):
             msgs = self._out[dst]
@@ -152,7 +184,7 @@ class ReplicaBase:
                 msgs = lazy + msgs
             if msgs:
                 messages.append((dst, msgs))
-        rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from)
+        rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from, token)
         self._snapshot_from = None
         self._out = {}
         self._persist = []
@@ -244,6 +276,13 @@ class ReplicaBase:
 
     def _flush_proposals(self) -> None:
         raise NotImplementedError
+
+    def _sealed(self, token: int) -> None:
+        """The records persisted so far go out in the Ready numbered ``token``."""
+
+    def _on_persisted(self, sync: bool = False) -> None:
+        """Records up to ``self._durable_token`` are durable (``sync``: the ones of the
+        Ready being built, which the driver persists before anything else)."""
 
     def _before_ready(self) -> None:
         pass

@@ -177,14 +177,17 @@ def accept_value(c: CInst, ballot: int, cmds: list | None) -> None:
 class OSlot:
     """One O-instance: the CL it names, the view it was accepted in, commit state."""
 
-    __slots__ = ("leader", "view", "committed", "fast")
+    __slots__ = ("leader", "view", "committed", "fast", "durable")
 
-    def __init__(self, leader: int, view: int) -> None:
+    def __init__(self, leader: int, view: int, durable: bool = False) -> None:
         self.leader = leader
         self.view = view
         self.committed = False
         # N = 5 only: committed at its CL on the sequencer's O-accept (Fig. 5 line 29).
         self.fast = False
+        # Our record of this accept is on disk (replayed, or its Ready persisted): only
+        # then does our own acceptance count towards a quorum (o_durable).
+        self.durable = durable
 
 
 class CRecovery:
@@ -234,6 +237,12 @@ class SDPaxosReplica(ReplicaBase):
         # O-log
         self.oslots: dict[int, OSlot] = {}
         self.o_prefix = 0  # slots below are accepted in this view or committed
+        # ... and, of those, our accept is durable (what our own vote in an O-quorum
+        # counts: a crash forgets an accept whose record was not yet on disk).
+        self.o_durable = 0
+        self._unsynced: list[OSlot] = []  # accepted since the last Ready
+        self._sync_wait: list[tuple[int, list[OSlot]]] = []  # (Ready token, its accepts)
+        self._oc_due = False  # a commit marker to write on the next tick (_on_persisted)
         self.o_committed = 0  # slots below are all committed
         self.my_committed = 0  # committed O-slots naming me (N = 3, N >= 7 rule)
         self.my_in_prefix = 0  # O-slots naming me below o_prefix (N = 5 rule)
@@ -367,7 +376,7 @@ class SDPaxosReplica(ReplicaBase):
                         continue  # covered by the snapshot
                     slot = self.oslots.get(start + k)
                     if slot is None or (not slot.committed and view >= slot.view):
-                        self.oslots[start + k] = OSlot(leader, view)
+                        self.oslots[start + k] = OSlot(leader, view, durable=True)
             elif kind == "OC":
                 upto = rec[1]
                 for j in range(self.o_committed, upto):
@@ -539,7 +548,7 @@ class SDPaxosReplica(ReplicaBase):
         self.exec_slot = self.floor_slot = slot
         self.exec_inst = list(insts)
         self.floor_inst = list(insts)
-        self.o_committed = self.o_prefix = self.majority_prefix = slot
+        self.o_committed = self.o_prefix = self.o_durable = self.majority_prefix = slot
         self.c_max = [max(-1, i - 1) for i in insts]
         self.next_inst = insts[self.id]
         self._snap_meta = dict(meta)
@@ -962,7 +971,7 @@ class SDPaxosReplica(ReplicaBase):
             slot = self.next_slot
             self.next_slot += 1
             self.assigned[leader] += 1
-            self.oslots[slot] = OSlot(leader, self.view)
+            self.oslots[slot] = self._accepted(leader, self.view)
             self._new_slots.append(leader)
             if self.assigned[leader] <= inst:
                 self.unknown_keys_slot = slot  # an earlier instance whose keys we never saw
@@ -1008,7 +1017,7 @@ class SDPaxosReplica(ReplicaBase):
             self._recompute_majority()
 
     def _recompute_majority(self) -> None:
-        self.acked[self.id] = self.o_prefix
+        self.acked[self.id] = self.o_durable  # our own accepts count once on disk
         prefix = sorted(self.acked, reverse=True)[self.quorum - 1]
         prefix = min(prefix, self.o_prefix)  # we must hold the values we commit
         if self._phantoms and self._phantoms_pending():
@@ -1089,7 +1098,7 @@ class SDPaxosReplica(ReplicaBase):
                 replaced = True
                 if j < self.exec_slot and slot.leader != leader:
                     raise SafetyViolation(f"replica {me}: executed O-slot {j} ({slot.leader}) re-proposed as {leader}")
-            slot = OSlot(leader, m.view)
+            slot = self._accepted(leader, m.view)
             if leader == me:
                 self._window_served += 1
                 if self.n == 5 and m.serving:
@@ -1115,7 +1124,9 @@ class SDPaxosReplica(ReplicaBase):
             self.o_view = m.view
             self.persist(["AV", m.view])
         if self.n == 3:
-            self._commit_oslots(self.o_prefix)
+            # The sequencer's accept and ours: a majority, once ours is on disk (the
+            # sequencer's is: it persists before it sends). Otherwise _on_persisted.
+            self._commit_oslots(self.o_durable)
         elif self.n >= 7:
             # The sequencer accepted everything it proposed; we learn O-slots from acks.
             end = m.start + len(m.leaders)
@@ -1145,6 +1156,14 @@ class SDPaxosReplica(ReplicaBase):
             j += 1
         self.o_prefix = j
         self.my_in_prefix += mine
+        # Every slot below o_prefix is committed or accepted in this view.
+        d = max(min(self.o_durable, j), self.o_committed)
+        while d < j:
+            slot = oslots.get(d)
+            if slot is None or not (slot.committed or slot.durable):
+                break
+            d += 1
+        self.o_durable = d
 
     def _reset_prefix(self) -> None:
         """A new view: only committed slots and this view's accepts count."""
@@ -1153,7 +1172,47 @@ class SDPaxosReplica(ReplicaBase):
         self._recount_mine()
         self._advance_o_prefix()
 
-    def _commit_oslots(self, upto: int) -> None:
+    def _accepted(self, leader: int, view: int) -> OSlot:
+        """A new O-slot accepted here; the caller persists its "O" record in this step.
+        It counts as ours in an O-quorum once that record is durable (_on_persisted)."""
+        slot = OSlot(leader, view)
+        self._unsynced.append(slot)
+        return slot
+
+    def _sealed(self, token: int) -> None:
+        if self._unsynced:
+            self._sync_wait.append((token, self._unsynced))
+            self._unsynced = []
+
+    def _on_persisted(self, sync: bool = False) -> None:
+        """Our accepts up to the durable Ready are on disk: they count now. (N = 3: a
+        replica that commits on the sequencer's O-accept and its own, in the step it
+        accepts, executes state a crash before the sync could make unchosen; a view
+        change without the sequencer could fill the slot otherwise. No client sees
+        it, replies wait for the sync, but reads, watches and snapshots of that
+        state would.)"""
+        token = self._durable_token
+        wait = self._sync_wait
+        k = 0
+        while k < len(wait) and wait[k][0] <= token:
+            for slot in wait[k][1]:
+                slot.durable = True
+            k += 1
+        if not k:
+            return
+        del wait[:k]
+        self._advance_o_prefix()
+        if self.id == self.sequencer or self.n >= 7:
+            self._recompute_majority()
+        elif self.n == 3 and self.id != self.sequencer:
+            # The commit marker is a hint (a restart re-learns what is committed), and
+            # one written now would hold back the replies this commit releases until
+            # another sync: write it on the next tick (sync: it joins this Ready's).
+            self._commit_oslots(self.o_durable, record=sync)
+        self._check_ready()
+        self._execute()
+
+    def _commit_oslots(self, upto: int, record: bool = True) -> None:
         """Mark every held O-slot below ``upto`` committed (they are chosen)."""
         if upto <= self.o_committed:
             return
@@ -1170,7 +1229,11 @@ class SDPaxosReplica(ReplicaBase):
             j += 1
         if j > self.o_committed:
             self.o_committed = j
-            self.persist(["OC", j])
+            if record:
+                self.persist(["OC", j])
+                self._oc_due = False
+            else:
+                self._oc_due = True
         self._check_ready()
         self._execute()
 
@@ -1194,7 +1257,7 @@ class SDPaxosReplica(ReplicaBase):
             if slot is None or (not slot.committed and (slot.leader != leader or slot.view != m.view)):
                 if slot is not None and j < self.exec_slot and slot.leader != leader:
                     raise SafetyViolation(f"replica {self.id}: executed O-slot {j} ({slot.leader}) committed as {leader}")
-                self.oslots[j] = OSlot(leader, m.view)
+                self.oslots[j] = self._accepted(leader, m.view)
                 learned = True
         if learned:
             self.persist(["O", m.view, m.start, m.leaders])
@@ -1264,7 +1327,7 @@ class SDPaxosReplica(ReplicaBase):
         while True:
             j = self.exec_slot
             slot = oslots.get(j)
-            if slot is None or not (slot.committed or (slot.fast and slot.leader == me and slot.view == self.view)):
+            if slot is None or not (slot.committed or (slot.fast and slot.durable and slot.leader == me and slot.view == self.view)):
                 break
             leader = slot.leader
             if leader == NOCL:
@@ -1583,7 +1646,7 @@ class SDPaxosReplica(ReplicaBase):
                 continue
             if j < self.exec_slot and old is not None and old.leader != leader:
                 raise SafetyViolation(f"new sequencer {self.id}: executed slot {j} changes {old.leader}->{leader}")
-            self.oslots[j] = OSlot(leader, self.view)
+            self.oslots[j] = self._accepted(leader, self.view)
         for j in [j for j in self.oslots if j >= end]:
             del self.oslots[j]  # proposed by an old view and seen by no voter: void
         self._reset_prefix()
@@ -1789,6 +1852,9 @@ class SDPaxosReplica(ReplicaBase):
 
     def _on_tick(self) -> None:
         now, cfg = self.now, self.cfg
+        if self._oc_due:
+            self._oc_due = False
+            self.persist(["OC", self.o_committed])
         resend = cfg.resend_ticks
         # My instances still waiting: resend the C-accept to everyone not yet acked,
         # and the C-request (the sequencer assigns idempotently, so repeats are safe).

@@ -295,6 +295,7 @@ class Node:
         self._dirty_clients: list[_ClientConn] = []
         self._waiters: dict[tuple, _ClientConn] = {}
         self._outbox: deque = deque()  # (wal seq, messages, replies) awaiting durability
+        self._tokens: deque = deque()  # (wal seq, Ready.token): replica.persisted once durable
         self._scheduled = False
         self._stopping = False
         self._failed: BaseException | None = None
@@ -749,6 +750,8 @@ class Node:
                 self._fail(f"write-ahead log append failed: {_describe(e)}", e)
                 return
         seq = wal.last_seq
+        if rd.token:
+            self._tokens.append((seq, rd.token))
         # 2. send and 3. reply, once durable
         if rd.messages or rd.replies:
             if not self._outbox and seq <= wal.durable_seq:
@@ -768,6 +771,10 @@ class Node:
                 return
         if self._down:
             return
+        if self._tokens and self._tokens[0][0] <= wal.durable_seq:
+            self._report_persisted(wal.durable_seq)  # already durable (--fsync never)
+            if self._down:
+                return
         # 4. install a fetched snapshot
         if self._fetched is not None:
             self._install_fetched()
@@ -778,6 +785,25 @@ class Node:
             self._start_pull(wanted)
         self._maybe_snapshot()
 
+    def _report_persisted(self, durable: int) -> None:
+        """Tell the core which Readys' records are durable: it counts its own accepts
+        towards a quorum only then (``consensus.core.ready``), and what that decides
+        comes out of the next ``ready()``. Not while a fetched snapshot is being
+        installed (the core is frozen): ``_store_installed`` reports it after."""
+        if self._installing:
+            return
+        tokens = self._tokens
+        token = 0
+        while tokens and tokens[0][0] <= durable:  # bounded by the Readys in flight
+            token = tokens.popleft()[1]
+        if token:
+            try:
+                self.replica.persisted(token)
+            except Exception as e:
+                self._core_failed("persisted", e)
+                return
+            self._kick()
+
     def _on_durable(self, exc: BaseException | None) -> None:
         if self._down:
             return
@@ -787,6 +813,9 @@ class Node:
             return
         try:
             durable = self.wal.durable_seq
+            self._report_persisted(durable)
+            if self._down:
+                return
             outbox = self._outbox
             batch = []
             while outbox and outbox[0][0] <= durable:  # bounded by the outbox
@@ -937,6 +966,9 @@ class Node:
             return
         self.stats["snapshots_installed"] += 1
         self._installing = False
+        self._report_persisted(self.wal.durable_seq)
+        if self._down:
+            return
         self._feed_held()
         self._kick()
 

@@ -27,7 +27,7 @@ from collections import deque
 
 
 class SimDisk:
-    __slots__ = ("records", "synced", "syncing", "epoch", "waiting", "install", "syncs", "lost")
+    __slots__ = ("records", "synced", "syncing", "epoch", "waiting", "install", "syncs", "lost", "tokens")
 
     def __init__(self, records: list) -> None:
         self.records = records
@@ -37,6 +37,7 @@ class SimDisk:
         # (mark, messages, replies, snapshot_from): a Ready's effects held for its records.
         self.waiting: deque = deque()
         self.install: tuple | None = None  # a peer's snapshot that arrived while busy
+        self.tokens: deque = deque()  # (mark, Ready token): tell the replica once synced
         self.syncs = 0
         self.lost = 0  # records lost in crashes (written, never synced)
 
@@ -67,6 +68,7 @@ class SimDisk:
         self.synced = len(self.records)
         self.syncing = None
         self.epoch += 1
+        self.tokens.clear()
         return self.records
 
     def _forget(self) -> None:
@@ -74,3 +76,4 @@ class SimDisk:
         self.epoch += 1
         self.waiting.clear()
         self.install = None
+        self.tokens.clear()

@@ -382,7 +382,7 @@ class World:
 
     def _drain(self, r: int) -> None:
         replica = self.reps[r]
-        rd = replica.ready()
+        rd = replica.ready(sync=True)  # records go to disk before anything else
         if rd.persist:
             self.disks[r] = self.disks[r] + tuple(msgpack.packb(rec, use_bin_type=True) for rec in rd.persist)
         for dst, msgs in rd.messages:

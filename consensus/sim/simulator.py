@@ -348,7 +348,8 @@ class Simulation:
     def _drain(self, node: int) -> None:
         """Carry out a replica's effects: persist, then send, then reply."""
         replica = self.nodes[node]
-        rd = replica.ready()
+        # Without a disk model every record is durable at once (ready(sync=True)).
+        rd = replica.ready(sync=self.sim_disks is None)
         elections = replica.stats.get("elections", 0)
         if elections != self._elections_seen[node]:
             self._elections_seen[node] = elections
@@ -431,6 +432,7 @@ class Simulation:
         records = self.disks[node]
         if rd.persist:
             records.extend(rd.persist)
+            disk.tokens.append((len(records), rd.token))
         if rd.messages or rd.replies or rd.snapshot_from is not None:
             effects = (len(records), rd.messages, rd.replies, rd.snapshot_from)
             if not disk.waiting and len(records) <= disk.synced:
@@ -466,11 +468,19 @@ class Simulation:
         disk.syncs += 1
         if mark > disk.synced:
             disk.synced = mark
+        token = 0
+        tokens = disk.tokens
+        while tokens and tokens[0][0] <= disk.synced:
+            token = tokens.popleft()[1]
+        if token:
+            self.nodes[node].persisted(token)  # its own accepts count now: maybe more to do
         waiting = disk.waiting
         while waiting and waiting[0][0] <= disk.synced:
             self._release(node, waiting.popleft())
         if len(disk.records) > disk.synced:
             self._start_sync(node)
+        if token:
+            self._drain(node)
         self._disk_snapshot_steps(node)
 
     def _disk_snapshot_steps(self, node: int) -> None:
@@ -500,8 +510,12 @@ class Simulation:
             # holds is on disk, so whatever waited for a sync may leave now.
             disk = self.sim_disks[node]
             self.disks[node] = disk.rewrite(self.disks[node])
+            replica = self.nodes[node]
             while disk.waiting:
                 self._release(node, disk.waiting.popleft())
+            if replica.token > replica.durable_token:
+                replica.persisted(replica.token)
+                self._drain(node)
 
     def _take_snapshot(self, node: int) -> None:
         snap = self.nodes[node].take_snapshot()

@@ -288,7 +288,7 @@ class Cluster:
 
     def _drain(self, r: int, out: list, indent: str) -> None:
         rep = self.reps[r]
-        rd = rep.ready()
+        rd = rep.ready(sync=True)  # records go to disk first
         if rd.persist:
             self.disks[r] = self.disks[r] + [msgpack.packb(rec, use_bin_type=True) for rec in rd.persist]
         for dst, msgs in rd.messages:

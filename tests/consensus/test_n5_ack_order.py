@@ -51,10 +51,10 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     # View 3: the old sequencer ordered R0:0 at slot 0, R2:0 at slot 1, R2:1 at slot 2;
     # only the O-accept of slot 2 reached R1. No voter accepted R2's C-instance 1.
     r.step(OLD_SEQ, [OAccept(old_view, 2, [R_M], True, 0)])
-    r.ready()
+    r.ready(sync=True)
     r._start_election()
     view = r.view
-    r.ready()
+    r.ready(sync=True)
     c_max = [-1, -1, 0, -1, -1]  # R0 accepted R2's C-instance 0, nobody its instance 1
     for voter in (0, 4):
         r.step(voter, [Vote(view, 0, [], c_max, old_view, c_max)])
@@ -65,7 +65,7 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     log = {j: s.leader for j, s in sorted(r.oslots.items())}
     assert log[2] == R_M, "the reported slot keeps its value (it may be chosen)"
     end = r.next_slot
-    r.ready()
+    r.ready(sync=True)
     for voter in (0, 4):
         r.step(voter, [OAck(view, end)])
     # Slot 2 now stands for R2's instance 1, which no voter saw: R2 may not have
@@ -73,10 +73,10 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     assert r.phase == "recovering", "serving before R2's instance 1 is decided"
     rec = r.crec.get(R_M)
     assert rec is not None and rec.from_inst == 1, "the new sequencer recovers R2's instance 1"
-    r.ready()
+    r.ready(sync=True)
     for voter in (0, 4):
         r.step(voter, [CPromise(view, R_M, rec.ballot, True, [])])
-    r.ready()
+    r.ready(sync=True)
     for voter in (0, 4):
         r.step(voter, [CAck(view, R_M, 1, rec.ballot, True)])
     assert r.clog[R_M][1].committed and r.clog[R_M][1].cmds is None, "decided: a no-op"
@@ -85,16 +85,16 @@ def test_fig7_gives_r_m_no_slot_past_its_highest_accepted_instance():
     # The new sequencer's own write X is acknowledged (C- and O-instance by a majority).
     r.propose(101, 1, ["put", "k0", "X"])
     inst = r.next_inst
-    r.ready()
+    r.ready(sync=True)
     x_slot = slot_of(r, ME, inst)
     assert x_slot is not None and x_slot >= end
     for peer in (0, 4):
         r.step(peer, [CAck(view, ME, inst, r.ballot, True), OAck(view, r.next_slot)])
-    assert any(rep.client == 101 and rep.seq == 1 for rep in r.ready().replies), "X was acknowledged"
+    assert any(rep.client == 101 and rep.seq == 1 for rep in r.ready(sync=True).replies), "X was acknowledged"
 
     # R2's next command (its instance 2, since instance 1 is a no-op) is ordered after X.
     r.step(R_M, [CRequest(view, R_M, 2, ["k0"])])
-    r.ready()
+    r.ready(sync=True)
     later = slot_of(r, R_M, 2)
     assert later is not None and later > x_slot, f"R2:2 at slot {later}, before the acknowledged X at {x_slot}; recovered log {log}"
 
