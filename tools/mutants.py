@@ -605,6 +605,15 @@ MUTANTS: list[Mutant] = [
         description="the sequencer counts its own unsynced accepts in the majority (only an ack overtaking its sync "
         "could show it: no driver allows that, the rule test does)",
     ),
+    Mutant(
+        name="retry-queued-twice",
+        file="consensus/core/replica.py",
+        old="        if (client, seq) in table and any(c[0] == client and c[1] == seq for c in self._pending):\n",
+        new="        if False:\n",
+        rule="a retry of a command still queued at a replica is not queued again (steered seed 2067)",
+        description="every client retry joins the queue again; under a retry storm the queue outgrows what the "
+        "instances in flight drain (liveness)",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

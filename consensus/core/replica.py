@@ -109,6 +109,11 @@ class ReplicaBase:
 
     def propose(self, client: Any, seq: int, op: Any, needs_result: bool = False) -> None:
         table = self._needs_result if needs_result else self._blind
+        if (client, seq) in table and any(c[0] == client and c[1] == seq for c in self._pending):
+            # A retry of a command still queued here (not yet in an instance): it is
+            # answered once anyway. Queued again, a retry storm outgrows a queue that
+            # drains a few instances per round trip (steered search seed 2067).
+            return
         table[(client, seq)] = None
         if len(table) > ANSWERS_MAX:
             # A command whose instance was recovered as a no-op is never answered
