@@ -2,12 +2,28 @@
 
 ::
 
-    async with CellarClient([("127.0.0.1", 7100), ("127.0.0.1", 7101), ...]) as cellar:
+    async with CellarClient("127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102") as cellar:
         s = cellar.session()            # a logical client: its own id and seq numbers
         await s.put("k", "v")           # answered once it cannot be lost
         await s.get("k")                # linearizable read (sequencer lease or the log)
         await s.cas("k", "v", "w")      # True / False, with the execution result
         await cellar.status(0)          # node 0's status dict (view, digest, WAL, ...)
+
+Addresses: ``"host:port"``, a comma-separated string of them (what ``cellar up``
+prints), or a list of ``"host:port"`` strings or ``(host, port)`` pairs; IPv6 as
+``"[::1]:7100"``. A bad address raises ``ValueError`` naming it.
+
+Errors are typed (all ``CellarError``): ``Unavailable`` (no node answered within
+the deadline; a write may or may not have been applied), ``InvalidRequest``,
+``TooLarge``, ``Compacted`` (carries ``compact_revision``), ``LeaseNotFound``, and
+``CompareFailed`` (raised by ``cas(..., strict=True)`` only: a failed compare is an
+outcome, not an error). Nothing the cluster refused was applied.
+
+For scripts without asyncio: ``SyncClient`` (same methods, blocking; a loop on a
+background thread)::
+
+    with SyncClient("127.0.0.1:7100") as cellar:
+        cellar.put("k", "v"); cellar.get("k")
 
 A session sends one command at a time. On a timeout or a lost connection it resends
 the *same* ``(client, seq)`` to the next node, so a command is applied at most once
@@ -19,8 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import msgpack
 
@@ -42,7 +59,57 @@ class TooLarge(CellarError):
 
 
 class InvalidRequest(CellarError):
-    """The command cannot be sent at all (not encodable); nothing was applied."""
+    """The command is malformed (refused before it entered the log, or not encodable);
+    nothing was applied."""
+
+
+class Compacted(CellarError):
+    """A read at (or a compaction to) a revision below the compaction point."""
+
+    def __init__(self, message: str, compact_revision: int | None = None) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+class LeaseNotFound(CellarError):
+    """The lease does not exist or has expired."""
+
+
+class CompareFailed(CellarError):
+    """``cas(..., strict=True)``: the key did not hold the expected value; nothing changed."""
+
+
+def parse_addresses(addresses: Any) -> list[tuple[str, int]]:
+    """``"h:p"``, ``"h:p,h:p"``, or an iterable of ``"h:p"`` / ``(host, port)``."""
+    if isinstance(addresses, str):
+        items: Iterable = [a for a in addresses.split(",") if a.strip()]
+    elif isinstance(addresses, tuple) and len(addresses) == 2 and isinstance(addresses[1], int):
+        items = [addresses]  # one (host, port) pair
+    else:
+        try:
+            items = list(addresses)
+        except TypeError:
+            raise ValueError(f"addresses must be 'host:port' strings or (host, port) pairs, not {type(addresses).__name__}") from None
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            text = item.strip()
+            host, sep, port = text.rpartition(":")
+            if host.startswith("[") and host.endswith("]"):
+                host = host[1:-1]
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{text!r} is not host:port")
+            out.append((host, int(port)))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int:
+            out.append((item[0], item[1]))
+        else:
+            raise ValueError(f"{item!r} is not host:port nor a (host, port) pair")
+    for host, port in out:
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} of {host} is outside 1..65535")
+    if not out:
+        raise ValueError("at least one node address is needed")
+    return out
 
 
 class _NodeConn(asyncio.Protocol):
@@ -142,8 +209,11 @@ def _error(result: Any) -> CellarError:
     ``{"ok": False, "code": ..., "error": ...}`` (consensus.kv)."""
     if isinstance(result, dict):
         code, text = result.get("code"), str(result.get("error", result))
-        kind = {"TooLarge": TooLarge, "InvalidRequest": InvalidRequest}.get(code, CellarError)
-        return kind(f"{code}: {text}" if code else text)
+        message = f"{code}: {text}" if code else text
+        if code == "Compacted":
+            return Compacted(message, result.get("compact_revision"))
+        kind = {"TooLarge": TooLarge, "InvalidRequest": InvalidRequest, "LeaseNotFound": LeaseNotFound}.get(code, CellarError)
+        return kind(message)
     text = str(result)
     if text.startswith(clientwire.TOO_LARGE):
         return TooLarge(text)
@@ -153,15 +223,16 @@ def _error(result: Any) -> CellarError:
 class CellarClient:
     def __init__(
         self,
-        addresses: list[tuple[str, int]],
+        addresses: Any,
         *,
         timeout_s: float = 2.0,
         deadline_s: float = 30.0,
         connect_timeout_s: float = 1.0,
     ) -> None:
-        if not addresses:
-            raise ValueError("at least one node address is needed")
-        self.addresses = list(addresses)
+        self.addresses = parse_addresses(addresses)
+        for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s), ("connect_timeout_s", connect_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, not {value!r}")
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
         self.connect_timeout_s = connect_timeout_s
@@ -234,8 +305,15 @@ class CellarClient:
     async def get(self, key: Any) -> Any:
         return await self._session().get(key)
 
-    async def cas(self, key: Any, expected: Any, new: Any) -> bool:
-        return await self._session().cas(key, expected, new)
+    async def cas(self, key: Any, expected: Any, new: Any, strict: bool = False) -> bool:
+        return await self._session().cas(key, expected, new, strict=strict)
+
+    async def delete(self, key: Any) -> bool:
+        return await self._session().delete(key)
+
+    async def call(self, op: Any) -> Any:
+        """Any machine command (e.g. a KV ``{"op": "txn", ...}`` dict), through the log."""
+        return await self._session().call(op)
 
 
 class Session:
@@ -276,11 +354,78 @@ class Session:
     async def get(self, key: Any) -> Any:
         return await self.request(clientwire.READ, ["get", key])
 
-    async def cas(self, key: Any, expected: Any, new: Any) -> bool:
-        return await self.request(clientwire.CALL, ["cas", key, expected, new])
+    async def cas(self, key: Any, expected: Any, new: Any, strict: bool = False) -> bool:
+        done = await self.request(clientwire.CALL, ["cas", key, expected, new])
+        if strict and done is not True:
+            raise CompareFailed(f"cas on {key!r}: the value was not {expected!r}; nothing changed")
+        return done
+
+    async def call(self, op: Any) -> Any:
+        """Any machine command through the log; a machine error result raises."""
+        result = await self.request(clientwire.CALL, op)
+        if isinstance(result, dict) and result.get("ok") is False:
+            raise _error(result)
+        return result
 
     async def append(self, key: Any, suffix: str) -> str:
         return await self.request(clientwire.CALL, ["append", key, suffix])
 
     async def delete(self, key: Any) -> bool:
         return await self.request(clientwire.CALL, ["delete", key])
+
+
+class SyncClient:
+    """A blocking ``CellarClient`` for scripts: its own event loop on a daemon thread.
+
+    Same constructor arguments; ``put``, ``get``, ``cas``, ``delete``, ``call``,
+    ``status`` block until answered (or raise the same typed errors). Close it (or use
+    ``with``) to stop the thread."""
+
+    def __init__(self, addresses: Any, **kwargs: Any) -> None:
+        self._client = CellarClient(addresses, **kwargs)  # validates first
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="cellar-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _run(self, coro: Any) -> Any:
+        if self._closed:
+            coro.close()
+            raise CellarError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def put(self, key: Any, value: Any) -> None:
+        return self._run(self._client.put(key, value))
+
+    def get(self, key: Any) -> Any:
+        return self._run(self._client.get(key))
+
+    def cas(self, key: Any, expected: Any, new: Any, strict: bool = False) -> bool:
+        return self._run(self._client.cas(key, expected, new, strict=strict))
+
+    def delete(self, key: Any) -> bool:
+        return self._run(self._client.delete(key))
+
+    def call(self, op: Any) -> Any:
+        return self._run(self._client.call(op))
+
+    def status(self, node: int) -> dict:
+        return self._run(self._client.status(node))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -479,7 +479,7 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
         click.echo(f"  node {i}: pid {cluster.procs[i].pid}, clients 127.0.0.1:{cluster.client_ports[i]}, "
                    f"peers 127.0.0.1:{cluster.peer_ports[i]}")
     addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
-    click.echo(f"Reach it from Python: CellarClient([...]) from store.client with {addrs}")
+    click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
     click.echo(f"Look at it: cellar status --endpoints {addrs}")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
 
