@@ -125,7 +125,7 @@ def _print_summary(result: dict) -> None:
 @click.option("--machine", type=click.Choice(["kv", "scheduler"]), default="kv", show_default=True,
               help="kv: SDPaxos vs Multi-Paxos writes. scheduler: allocations+releases through the replicated "
                    "HiveD scheduler (HTTP and embedded) vs the state machine alone (bench/scheduler_bench.py).")
-@click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
+@click.option("--replicas", type=click.Choice(["3", "5", "7"]), default="3", show_default=True, callback=lambda c, p, v: int(v))
 @click.option("--sessions", "--clients", "sessions", type=click.IntRange(1, 100_000), default=None,
               help="Concurrent closed-loop clients [default: 256 kv, 64 scheduler].")
 @click.option("--seconds", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True,

@@ -147,7 +147,7 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
 @click.command("demo")
 @click.option("--machine", type=click.Choice(["kv", "scheduler"]), default="kv", show_default=True,
               help="kv: the key-value store; scheduler: HiveD's scheduler under a job stream.")
-@click.option("--replicas", type=click.IntRange(3, 7), default=3, show_default=True)
+@click.option("--replicas", type=click.Choice(["3", "5", "7"]), default="3", show_default=True, callback=lambda c, p, v: int(v))
 @click.option("--seconds", type=click.FloatRange(3, 600), default=12.0, show_default=True)
 @click.option("--sessions", type=click.IntRange(1, 10_000), default=None,
               help="Concurrent clients [kv: 64, scheduler: 8].")

@@ -99,6 +99,8 @@ def parse_peers(spec: Any) -> dict[int, tuple[str, int]]:
         peers[nid] = parse_address(addr, f"peer {nid} address")
     if not peers:
         raise NodeError("no peers given (--peers 0=HOST:PORT,1=HOST:PORT,...)")
+    if len(peers) < 3 or len(peers) % 2 == 0:
+        raise NodeError(f"{len(peers)} replicas listed in the peers: a cluster has an odd number of replicas, 3 or more (3, 5, 7, ...)")
     return peers
 
 
@@ -458,13 +460,16 @@ def free_ports(count: int) -> list[int]:
 
 
 @click.command("up")
-@click.option("--replicas", type=click.IntRange(1, 31), default=3, show_default=True)
+@click.option("--replicas", type=click.IntRange(3, 31), default=3, show_default=True,
+              help="An odd number of replicas: 3, 5, 7, ...")
 @click.option("--dir", "root", type=click.Path(file_okay=False), help="Folder for data dirs and logs (default: a new temp dir).")
 @click.option("--base-port", type=int, default=7000, show_default=True, help="Peers on BASE+i, clients on BASE+100+i.")
 @click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]), default="sdpaxos", show_default=True)
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
 def up(replicas, root, base_port, protocol, fsync) -> None:
     """Start a local cluster on 127.0.0.1 until Ctrl-C."""
+    if replicas % 2 == 0:
+        raise click.BadParameter(f"{replicas}: a cluster has an odd number of replicas (3, 5, 7, ...)", param_hint="--replicas")
     root = root or tempfile.mkdtemp(prefix="cellar-up-")
     cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync)
     cluster.start_all()

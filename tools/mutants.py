@@ -614,6 +614,15 @@ MUTANTS: list[Mutant] = [
         description="every client retry joins the queue again; under a retry storm the queue outgrows what the "
         "instances in flight drain (liveness)",
     ),
+    Mutant(
+        name="durable-prefix-kept-over-reproposal",
+        file=SDP,
+        old="        if j < self.o_durable:\n            self.o_durable = j",
+        new="        if False:\n            self.o_durable = j",
+        rule="a slot accepted anew (a new view's re-proposal) is not durable: the durable prefix drops to it (review 10)",
+        description="a re-elected sequencer's durable prefix still covers the old view's slot objects; it counts its "
+        "unsynced re-proposals in the majority",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

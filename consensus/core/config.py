@@ -78,8 +78,11 @@ class ProtocolConfig:
     peer_order: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not 1 <= self.n <= MAX_REPLICAS:
-            raise ValueError(f"replica count must be 1..{MAX_REPLICAS}, got {self.n}")
+        if not 3 <= self.n <= MAX_REPLICAS or self.n % 2 == 0:
+            # 1 replica tolerates no failure and both protocols count their own accept
+            # as a whole quorum there (review 10); an even count adds a replica to every
+            # quorum without tolerating one more failure, and is not tested.
+            raise ValueError(f"a cluster has an odd number of replicas from 3 to {MAX_REPLICAS - 1 + MAX_REPLICAS % 2} (3, 5, 7, ...), not {self.n}")
         if not 0 <= self.initial_sequencer < self.n:
             raise ValueError(f"sequencer {self.initial_sequencer} is not a replica id")
         if self.batch_max < 1 or self.inflight_max < 1 or self.batch_bytes_max < 1:

@@ -971,7 +971,7 @@ class SDPaxosReplica(ReplicaBase):
             slot = self.next_slot
             self.next_slot += 1
             self.assigned[leader] += 1
-            self.oslots[slot] = self._accepted(leader, self.view)
+            self._accepted(slot, leader, self.view)
             self._new_slots.append(leader)
             if self.assigned[leader] <= inst:
                 self.unknown_keys_slot = slot  # an earlier instance whose keys we never saw
@@ -1098,7 +1098,7 @@ class SDPaxosReplica(ReplicaBase):
                 replaced = True
                 if j < self.exec_slot and slot.leader != leader:
                     raise SafetyViolation(f"replica {me}: executed O-slot {j} ({slot.leader}) re-proposed as {leader}")
-            slot = self._accepted(leader, m.view)
+            slot = self._accepted(j, leader, m.view)
             if leader == me:
                 self._window_served += 1
                 if self.n == 5 and m.serving:
@@ -1106,7 +1106,6 @@ class SDPaxosReplica(ReplicaBase):
                     # sequencer's: a view that never serves may be known to no voter of
                     # the next view change, whose Fig. 7 would then miss this slot.
                     slot.fast = True
-            self.oslots[j] = slot
             fresh = True
             named_seq = named_seq or leader == self.sequencer
         if fresh:
@@ -1172,11 +1171,15 @@ class SDPaxosReplica(ReplicaBase):
         self._recount_mine()
         self._advance_o_prefix()
 
-    def _accepted(self, leader: int, view: int) -> OSlot:
-        """A new O-slot accepted here; the caller persists its "O" record in this step.
-        It counts as ours in an O-quorum once that record is durable (_on_persisted)."""
+    def _accepted(self, j: int, leader: int, view: int) -> OSlot:
+        """O-slot ``j`` newly accepted here (it replaces whatever was there); the caller
+        persists its "O" record in this step. It counts as ours in an O-quorum once
+        that record is durable (_on_persisted), so the durable prefix stops before it."""
         slot = OSlot(leader, view)
+        self.oslots[j] = slot
         self._unsynced.append(slot)
+        if j < self.o_durable:
+            self.o_durable = j  # review 10: a re-proposal over a durable accept of an older view
         return slot
 
     def _sealed(self, token: int) -> None:
@@ -1257,7 +1260,7 @@ class SDPaxosReplica(ReplicaBase):
             if slot is None or (not slot.committed and (slot.leader != leader or slot.view != m.view)):
                 if slot is not None and j < self.exec_slot and slot.leader != leader:
                     raise SafetyViolation(f"replica {self.id}: executed O-slot {j} ({slot.leader}) committed as {leader}")
-                self.oslots[j] = self._accepted(leader, m.view)
+                self._accepted(j, leader, m.view)
                 learned = True
         if learned:
             self.persist(["O", m.view, m.start, m.leaders])
@@ -1646,7 +1649,7 @@ class SDPaxosReplica(ReplicaBase):
                 continue
             if j < self.exec_slot and old is not None and old.leader != leader:
                 raise SafetyViolation(f"new sequencer {self.id}: executed slot {j} changes {old.leader}->{leader}")
-            self.oslots[j] = self._accepted(leader, self.view)
+            self._accepted(j, leader, self.view)
         for j in [j for j in self.oslots if j >= end]:
             del self.oslots[j]  # proposed by an old view and seen by no voter: void
         self._reset_prefix()

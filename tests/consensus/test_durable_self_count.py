@@ -98,3 +98,38 @@ def test_persisted_rejects_a_token_no_ready_had():
 def test_handover_campaign_seed_302704_executes_only_what_it_holds_durably():
     """The campaign's failure, replayed: consistent and agreement over every incarnation."""
     assert judge_handover(handover_config(302704)) == []
+
+
+def test_a_reelected_sequencer_counts_its_reproposal_only_once_durable():
+    """Review 10, hole 1: a sequencer re-elected over slots it had proposed durably
+    re-proposes them in the new view as fresh, unsynced accepts; its durable prefix
+    must drop to them (before, it still covered the old view's objects)."""
+    from consensus.core.messages import Vote
+
+    r = replica(3, me=0, seq=0)
+    v = r.view
+    r.step(1, [CRequest(v, 1, 0, ["k"])])
+    r.ready(sync=True)  # slot 0 proposed in view 0, durable; no OAck yet
+    assert r.oslots[0].durable and r.o_durable == 1 and r.o_committed == 0
+    r._start_election()
+    r.ready(sync=True)
+    v2 = r.view
+    r.step(2, [Vote(v2, 0, [], [-1] * 3, 0, [-1] * 3)])
+    assert r.phase == "recovering" and r.oslots[0].view == v2 and not r.oslots[0].durable
+    rd = r.ready()  # the re-proposal's "O" record: written, not synced
+    r.step(1, [OAck(v2, 1)])
+    assert not r.oslots[0].committed and r.phase == "recovering", "counted an unsynced re-proposal"
+    r.persisted(rd.token)
+    assert r.oslots[0].committed and r.phase == "normal"
+
+
+def test_a_cluster_has_an_odd_number_of_replicas_from_three():
+    """Review 10: with one replica both protocols took their own unsynced accept for a
+    whole quorum (and SDPaxos never answered); even counts are not tested."""
+    import pytest
+
+    for n in (1, 2, 4, 6):
+        with pytest.raises(ValueError, match="odd number of replicas"):
+            ProtocolConfig(n=n)
+    for n in (3, 5, 7):
+        assert ProtocolConfig(n=n).quorum == n // 2 + 1

@@ -32,7 +32,7 @@ from .conftest import committing
 WAIT_S = 10.0
 
 
-def single_node(tmp_path, n: int = 1, node_id: int = 0, **kw) -> Node:
+def single_node(tmp_path, n: int = 3, node_id: int = 0, **kw) -> Node:
     *peers, client = free_ports(n + 1)
     cfg = NodeConfig(node_id=node_id, peers={i: ("127.0.0.1", p) for i, p in enumerate(peers)},
                      client_address=("127.0.0.1", client), data_dir=str(tmp_path / f"n{node_id}"), **kw)
@@ -334,10 +334,10 @@ async def test_a_core_exception_stops_cellar_serve_with_one_line_on_stderr(make_
 
 
 def test_a_malformed_fault_hook_is_a_configuration_error(tmp_path):
-    peer, client = free_ports(2)
+    p0, p1, p2, client = free_ports(4)
     env = dict(os.environ, **{TEST_CORE_FAULT_ENV: "fly:3"})
     proc = subprocess.run(
-        [*_serve(), "--id", "0", "--peers", f"0=127.0.0.1:{peer}", "--client", f"127.0.0.1:{client}",
+        [*_serve(), "--id", "0", "--peers", f"0=127.0.0.1:{p0},1=127.0.0.1:{p1},2=127.0.0.1:{p2}", "--client", f"127.0.0.1:{client}",
          "--data-dir", str(tmp_path / "d")],
         env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -119,7 +119,7 @@ async def test_allocate_on_one_replica_read_from_the_others(make_cluster):
 
 
 def test_hived_config_is_required_and_checked(tmp_path):
-    base = [sys.executable, "-m", "store.cli", "serve", "--id", "0", "--peers", "0=127.0.0.1:1", "--data-dir",
+    base = [sys.executable, "-m", "store.cli", "serve", "--id", "0", "--peers", "0=127.0.0.1:1,1=127.0.0.1:2,2=127.0.0.1:3", "--data-dir",
             str(tmp_path / "d")]
     out = subprocess.run(base + ["--machine", "scheduler"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "needs --hived-config" in out.stderr
