@@ -148,7 +148,8 @@ class Watcher:
         self.prev_kv = prev_kv
         self.noput = NOPUT in filters
         self.nodelete = NODELETE in filters
-        self.next_rev = next_rev  # the first revision not yet queued or delivered
+        self.min_rev = next_rev  # events before it are not wanted (a future start revision)
+        self.next_rev = next_rev  # while unsynced: the first revision not yet queued or delivered
         self.synced = False
         self.queue: deque = deque()  # Batch, oldest first
         self.queued_events = 0
@@ -174,14 +175,6 @@ class Watcher:
         j = len(index) if self.hi is None else bisect_left(index, self.hi)
         return [e[2] for e in index[i:j]]
 
-    def _take_events(self, rev: int, events: list) -> list:
-        out = []
-        for kind, key, rec, prev in events:
-            if (kind == "PUT" and self.noput) or (kind == "DELETE" and self.nodelete) or not self.matches(key):
-                continue
-            out.append((key, rec, prev))
-        return out
-
     def _make(self, found: list) -> list:
         """Events from ``(key, record, prev)``, in key order."""
         if len(found) > 1:
@@ -192,13 +185,15 @@ class Watcher:
 
     # --- the hub's side ---------------------------------------------------------------
 
-    def _live(self, rev: int, events: list) -> None:
-        if rev < self.next_rev:  # a future start revision
+    def _live(self, rev: int, found: list) -> None:
+        """Queue the ``(key, record, prev)`` of revision ``rev`` in this watcher's span
+        (synced watchers only; the hub matched them)."""
+        if rev < self.min_rev:  # a future start revision
             return
-        self.next_rev = rev + 1
-        found = self._take_events(rev, events)
-        if not found:
-            return
+        if self.noput or self.nodelete:
+            found = [e for e in found if not (self.noput if e[1][1] else self.nodelete)]
+            if not found:
+                return
         self.queue.append(Batch(rev, self._make(found)))
         self.queued_events += len(found)
         self.queued_bytes += sum(_size(k, r, p if self.prev_kv else None) for k, r, p in found)
@@ -227,6 +222,7 @@ class Watcher:
         start = self.next_rev
         if start <= machine.compact_rev:
             self.hub._drop(self)
+            self.hub.stats["compacted"] += 1
             self._cancel(f"required revision {start} has been compacted (compacted at {machine.compact_rev}; "
                          f"watch from {machine.compact_rev + 1} or later)", machine.compact_rev)
             return []
@@ -283,7 +279,7 @@ class Watcher:
         while it is behind: unsynced or holding undelivered batches)."""
         if self.canceled is not None or not self.synced or self.queue:
             return None
-        return min(self.next_rev - 1, self.hub.machine.rev)
+        return self.hub.machine.rev
 
     def cancel(self, reason: str = "canceled by the client") -> None:
         self.hub.cancel(self, reason)
@@ -302,6 +298,9 @@ class WatchHub:
         self.queue_bytes_max = queue_bytes_max
         self.catchup_revisions = catchup_revisions
         self.watchers: dict[int, Watcher] = {}
+        self._by_key: dict[Any, dict[int, Watcher]] = {}  # single-key watchers
+        self._spans: dict[int, Watcher] = {}  # prefix and range watchers
+        self.rev = machine.rev  # the last revision the hub was told about
         self._ids = itertools.count(1)
         self.closed: str | None = None
         self.stats = {"created": 0, "canceled": 0, "compacted": 0, "fallbacks": 0, "refused": 0, "restores": 0}
@@ -310,10 +309,26 @@ class WatchHub:
     # --- the machine's listener -------------------------------------------------------
 
     def kv_events(self, revision: int, events: list) -> None:
+        self.rev = revision
+        if not self.watchers:
+            return
         try:
-            for w in self.watchers.values():
+            hits: dict[int, list] = {}
+            by_key, spans = self._by_key, self._spans
+            for kind, key, rec, prev in events:
+                if by_key:
+                    for w in by_key.get(key, {}).values():
+                        hits.setdefault(w.id, []).append((key, rec, prev))
+                if spans:
+                    o = _ord(key)
+                    for w in spans.values():
+                        if w.lo <= o and (w.hi is None or o < w.hi):
+                            hits.setdefault(w.id, []).append((key, rec, prev))
+            watchers = self.watchers
+            for wid, found in hits.items():
+                w = watchers[wid]
                 if w.synced:
-                    w._live(revision, events)
+                    w._live(revision, found)
                     if not w.synced:
                         self.stats["fallbacks"] += 1
         except Exception:  # never into the machine; but never a silent gap either
@@ -323,8 +338,11 @@ class WatchHub:
     def kv_restored(self, revision: int, compact_revision: int) -> None:
         """A snapshot replaced the machine's state (catch-up by snapshot)."""
         self.stats["restores"] += 1
+        old, self.rev = self.rev, revision
         for w in list(self.watchers.values()):
-            if w.next_rev > revision + 1:
+            if w.synced:
+                w.next_rev = max(old + 1, w.min_rev)
+            if revision < old and w.next_rev > revision + 1:
                 # the store went back: what this watcher was given is not in it
                 self._drop(w)
                 w._cancel(f"the replica's store went back to revision {revision} (a snapshot restore); "
@@ -333,6 +351,7 @@ class WatchHub:
                 w.synced = False  # replay the gap from the restored history
                 if w.next_rev <= compact_revision:
                     self._drop(w)
+                    self.stats["compacted"] += 1
                     w._cancel(f"a snapshot restore moved this replica to revision {revision}; the revisions "
                               f"from {w.next_rev} are compacted in it (compacted at {compact_revision}; watch "
                               f"from {compact_revision + 1} or later)", compact_revision)
@@ -372,13 +391,23 @@ class WatchHub:
             return w
         w.synced = w.next_rev > m.rev
         self.watchers[w.id] = w
+        if w.single:
+            self._by_key.setdefault(w.key, {})[w.id] = w
+        else:
+            self._spans[w.id] = w
         return w
 
     def _drop(self, w: Watcher) -> None:
+        if w.single:
+            ws = self._by_key.get(w.key)
+            if ws is not None:
+                ws.pop(w.id, None)
+                if not ws:
+                    del self._by_key[w.key]
+        else:
+            self._spans.pop(w.id, None)
         if self.watchers.pop(w.id, None) is not None:
             self.stats["canceled"] += 1
-            if w.canceled is None and w.next_rev <= self.machine.compact_rev:
-                self.stats["compacted"] += 1
 
     def cancel(self, w: Watcher, reason: str = "canceled by the client") -> None:
         self._drop(w)

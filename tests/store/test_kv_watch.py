@@ -267,7 +267,7 @@ async def test_snapshot_restore_jump_replays_the_gap_or_cancels():
     w2 = hub.watch("/r", prefix=True)
     lagging.restore(KVStateMachine().snapshot())
     with pytest.raises(WatchCanceled, match="went back"):
-        await w2.next()
+        await asyncio.wait_for(w2.next(), WAIT_S)
     assert hub.watchers == {}
 
 
