@@ -160,12 +160,6 @@ class Watcher:
 
     # --- matching ---------------------------------------------------------------------
 
-    def matches(self, key: Any) -> bool:
-        if self.single:
-            return key == self.key
-        o = _ord(key)
-        return self.lo <= o and (self.hi is None or o < self.hi)
-
     def _keys(self, machine: Any) -> list:
         """The keys of the machine's history in this watcher's span, in key order."""
         if self.single:
