@@ -38,6 +38,7 @@ import asyncio
 import base64
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -357,6 +358,8 @@ class _Watch:
                 try:
                     if await self._stream(session, f"http://{host}:{port}/v3/watch?encoding=text"):
                         return 0
+                except BrokenPipeError:
+                    raise  # our reader is gone (| head), not the replica
                 except _Resume as e:
                     errors.append(f"{host}:{port}: {e}")
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
@@ -482,6 +485,10 @@ def watch(key: str, prefix: bool, range_end: str | None, revision: int, prev_kv:
     except KeyboardInterrupt:
         sys.exit(0)
     except BrokenPipeError:  # | head: the reader is gone
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no noise at exit
+        except OSError:
+            pass
         sys.exit(0)
     except Exception as e:  # never a traceback for the user
         click.echo(f"cellar kv watch: {type(e).__name__}: {_one_line(e)}", err=True)

@@ -331,6 +331,13 @@ class WatchHub:
 
     def kv_restored(self, revision: int, compact_revision: int) -> None:
         """A snapshot replaced the machine's state (catch-up by snapshot)."""
+        try:
+            self._restored(revision, compact_revision)
+        except Exception:  # never into the machine; but never a silent gap either
+            _log.exception("watch hub failed on a restore to revision %d", revision)
+            self.close(f"internal error in the watch hub at a restore to revision {revision}")
+
+    def _restored(self, revision: int, compact_revision: int) -> None:
         self.stats["restores"] += 1
         old, self.rev = self.rev, revision
         for w in list(self.watchers.values()):

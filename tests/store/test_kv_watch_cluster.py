@@ -283,3 +283,18 @@ async def test_a_watcher_on_a_replica_that_catches_up_by_snapshot_misses_nothing
         assert st["stats"]["snapshots_installed"] >= 1, st["stats"]
     finally:
         c.stop_all()
+
+
+async def test_cli_watch_usage_and_unreachable_endpoints():
+    from store.server import free_ports
+
+    code, out, err = await cli("--help", env_endpoints="127.0.0.1:1")
+    assert code == 0 and "--count" in out and "--rev" in out and "--prev-kv" in out
+    code, out, err = await cli("/k", "--prefix", "--range-end", "/l", env_endpoints="127.0.0.1:1")
+    assert code == 2 and "not both" in err
+    code, out, err = await cli("/k", "--endpoints", "nonsense", env_endpoints="127.0.0.1:1")
+    assert code == 2 and "HOST:PORT" in err
+    dead = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    code, out, err = await cli("/k", "--timeout", "20", env_endpoints=dead)
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1 and "no replica serves the watch" in err
+    assert "Traceback" not in err
