@@ -94,6 +94,12 @@ and deletes their keys in one revision. ``lease_extend_all`` is etcd's failover 
 command's time; a new sequencer proposes it before its first ``lease_expire``.
 ``expiry_due(now_ms)`` tells a proposer whether a ``lease_expire`` would expire anything.
 
+Change feed: ``listener`` (None by default; ``store.kv_watch.WatchHub`` sets it) is
+told each applied mutation, ``listener.kv_events(revision, [(kind, key, record,
+prev)])`` once per revision, and ``listener.kv_restored(revision, compact_revision)``
+after a restore. It is not replicated state (not in the snapshot or the digest), and a
+listener that raises is detached; ``apply`` is the same with or without one.
+
 Exactly-once for client retries is the executor's (``consensus.core.executor``: one
 session per client, last ``seq`` and its result); the machine sees each command once.
 

@@ -60,6 +60,8 @@ HTTP   ``reason``            when
 404    ``NotFound``          an unknown path (405 for a wrong method)
 413    ``TooLarge``          a body over ``BODY_BYTES_MAX``, or a key, value or command
                              over the machine's limits (docs/kv.md)
+429    ``TooManyWatchers``   ``POST /v3/watch`` beyond ``watchers_max`` watchers on this
+                             replica (with ``Retry-After``)
 503    ``Unavailable``       fewer than a majority reachable, the node stopping or busy,
                              or no answer within the call timeout; with ``Retry-After``
                              and ``definite``: false when a write may still take effect
