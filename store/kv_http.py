@@ -147,6 +147,20 @@ _CMP_TARGET.update({i: _CMP_TARGET[n] for i, n in enumerate(("VERSION", "CREATE"
 _counter = itertools.count()
 
 
+SEND_BYTES = 256 << 10  # a watch stream is written in pieces of about this many bytes
+
+
+def _approx(e: Any) -> int:
+    """About the bytes of a watch event's key and values."""
+    n = 64
+    for kv in (e.kv, e.prev_kv):
+        if kv is not None:
+            for f in ("key", "value"):
+                v = kv.get(f)
+                n += len(v) if type(v) in (str, bytes) else 8
+    return n
+
+
 class _Stalled(Exception):
     """A watch stream's client read nothing for ``write_stall_s``."""
 
@@ -769,7 +783,7 @@ class KVAPI:
             await self._send(request, resp, w, [{"result": {"header": self._header(self.hub.revision),
                                                              "watch_id": wid, "created": True}}])
             idle_since = time.monotonic()
-            tick = min(1.0, self.progress_interval_s)
+            tick = max(0.05, min(1.0, self.progress_interval_s))
             while True:
                 try:
                     batches = await w.next(tick)
@@ -781,9 +795,17 @@ class KVAPI:
                     await self._send(request, resp, w, [{"result": msg}])
                     break
                 if batches:
-                    await self._send(request, resp, w, [
-                        {"result": {"header": self._header(b.revision), "watch_id": wid,
-                                    "events": [self._event(c, e) for e in b.events]}} for b in batches])
+                    msgs: list = []
+                    size = 0
+                    for b in batches:  # written in pieces of about SEND_BYTES: a long history is never one blob
+                        msgs.append({"result": {"header": self._header(b.revision), "watch_id": wid,
+                                                "events": [self._event(c, e) for e in b.events]}})
+                        size += sum(_approx(e) for e in b.events)
+                        if size >= SEND_BYTES:
+                            await self._send(request, resp, w, msgs)
+                            msgs, size = [], 0
+                    if msgs:
+                        await self._send(request, resp, w, msgs)
                     idle_since = time.monotonic()
                     continue
                 transport = request.transport

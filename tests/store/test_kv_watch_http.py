@@ -220,3 +220,15 @@ async def test_stop_ends_every_stream(server):
     await srv.api.stop()
     msg = await s.next()
     assert msg["canceled"] is True and "stopping" in msg["cancel_reason"]
+
+
+async def test_a_long_history_of_large_values_streams_in_pieces_in_order(server):
+    srv = server
+    value = "x" * 100_000
+    revs = [await put(srv, f"/h/{i % 3}", value + str(i)) for i in range(12)]  # ~1.2 MB of history
+    s = await open_watch(srv, {"key": "/h/", "prefix": True, "start_revision": revs[0]})
+    await s.next()
+    got = [await s.next() for _ in revs]
+    assert [m["header"]["revision"] for m in got] == revs
+    assert [m["events"][0]["kv"]["value"][-2:].lstrip("x") for m in got] == [str(i) for i in range(12)]
+    s.resp.close()
