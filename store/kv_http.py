@@ -497,14 +497,21 @@ class KVAPI:
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_text)
         self._runner: web.AppRunner | None = None
+        self._watchdog_task: asyncio.Future | None = None
+        self._writing: dict[int, tuple] = {}  # watch writes in progress: id(resp) -> (since, watcher, request)
+        self._stalled: set[int] = set()
 
     async def start(self, host: str, port: int) -> None:
+        self._watchdog_task = asyncio.ensure_future(self._watchdog())
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 
     async def stop(self) -> None:
         self.hub.close("this replica is stopping; watch again on another replica")
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+            self._watchdog_task = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -826,15 +833,34 @@ class KVAPI:
         return resp
 
     async def _send(self, request: web.Request, resp: web.StreamResponse, w: Any, msgs: list) -> None:
+        """Write ``msgs`` (one JSON line each). A write still waiting for the client
+        after ``write_stall_s`` is cut by ``_watchdog`` (no timer per write: a
+        ``wait_for`` cost more than encoding the message)."""
         data = b"".join(json.dumps(m, separators=(",", ":")).encode() + b"\n" for m in msgs)
+        key = id(resp)
+        self._writing[key] = (time.monotonic(), w, request)
         try:
-            await asyncio.wait_for(resp.write(data), self.write_stall_s)
-        except asyncio.TimeoutError:
-            self.stats["watch_stalled"] += 1
-            self.hub.cancel(w, f"the client read nothing for {self.write_stall_s:g} s")
-            if request.transport is not None:
-                request.transport.abort()
-            raise _Stalled from None
+            await resp.write(data)
+        finally:
+            self._writing.pop(key, None)
+            stalled = key in self._stalled
+            self._stalled.discard(key)
+        if stalled:
+            raise _Stalled
+
+    async def _watchdog(self) -> None:
+        """Cut the watch streams whose client read nothing for ``write_stall_s``."""
+        period = max(0.05, min(1.0, self.write_stall_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for key, (since, w, request) in list(self._writing.items()):
+                if now - since >= self.write_stall_s and key not in self._stalled:
+                    self._stalled.add(key)
+                    self.stats["watch_stalled"] += 1
+                    self.hub.cancel(w, f"the client read nothing for {self.write_stall_s:g} s")
+                    if request.transport is not None:
+                        request.transport.abort()
 
     @staticmethod
     def _event(c: Codec, e: Any) -> dict:
