@@ -94,6 +94,12 @@ and deletes their keys in one revision. ``lease_extend_all`` is etcd's failover 
 command's time; a new sequencer proposes it before its first ``lease_expire``.
 ``expiry_due(now_ms)`` tells a proposer whether a ``lease_expire`` would expire anything.
 
+Change feed: ``listener`` (None by default; ``store.kv_watch.WatchHub`` sets it) is
+told each applied mutation, ``listener.kv_events(revision, [(kind, key, record,
+prev)])`` once per revision, and ``listener.kv_restored(revision, compact_revision)``
+after a restore. It is not replicated state (not in the snapshot or the digest), and a
+listener that raises is detached; ``apply`` is the same with or without one.
+
 Exactly-once for client retries is the executor's (``consensus.core.executor``: one
 session per client, last ``seq`` and its result); the machine sees each command once.
 
@@ -107,6 +113,7 @@ delete, a txn with one, lease revoke and expire) lists ``ALL_KEYS``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from bisect import bisect_left, bisect_right, insort
 from operator import itemgetter
 from typing import Any
@@ -140,6 +147,7 @@ ALL_KEYS = ("*",)
 before it is ordered. Not a str, int or bytes, so the sequencer treats a read of it as
 "wait for every slot ordered so far"."""
 
+_log = logging.getLogger(__name__)
 _SNAPSHOT_FORMAT = 2
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _ID_MAX = (1 << 63) - 1
@@ -549,7 +557,7 @@ class KVStateMachine:
     """
 
     __slots__ = ("data", "hist", "rev", "compact_rev", "now_ms", "next_lease", "leases", "lease_keys",
-                 "_index", "_stale", "_wrev", "_changed")
+                 "_index", "_stale", "_wrev", "_changed", "listener", "_events")
     name = "kv"
 
     def __init__(self) -> None:
@@ -565,6 +573,17 @@ class KVStateMachine:
         self._stale: set = set()  # keys whose history holds more than one live record
         self._wrev = 0
         self._changed = False
+        # The change feed (not replicated state: never in the snapshot or the digest).
+        # ``listener`` is set by the service layer (store.kv_watch.WatchHub); while it is
+        # None, nothing is recorded. Each applied command that changes keys reports
+        # ``listener.kv_events(revision, events)`` once, after the revision moved; an
+        # event is ``(kind, key, record, prev)``: kind "PUT" or "DELETE", ``record`` the
+        # key's new record ``(mod_revision, create_revision, version, value, lease)``
+        # (a delete's is the tombstone ``(revision, 0, 0, None, 0)``), ``prev`` its
+        # previous live record or None. ``restore`` keeps the listener and reports
+        # ``listener.kv_restored(revision, compact_revision)`` (the revision jumped).
+        self.listener: Any = None
+        self._events: list = []
 
     # --- ReplicatedMachine ------------------------------------------------------------
 
@@ -646,7 +665,20 @@ class KVStateMachine:
 
     def restore(self, data: bytes) -> None:
         state = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        listener = self.listener
         self.__init__()
+        try:
+            self._restore(state)
+        finally:
+            self.listener = listener
+        if listener is not None:
+            try:
+                listener.kv_restored(self.rev, self.compact_rev)
+            except Exception:  # the feed never touches the replicated state
+                _log.exception("kv change-feed listener failed on restore; detaching it")
+                self.listener = None
+
+    def _restore(self, state: Any) -> None:
         if type(state) is list:  # format 1: sorted [key, value] pairs, no history
             for k, v in state:
                 self._begin()
@@ -689,6 +721,8 @@ class KVStateMachine:
     def _begin(self) -> None:
         self._wrev = self.rev + 1
         self._changed = False
+        if self._events:
+            self._events = []
 
     def _end(self) -> None:
         if self._changed:
@@ -696,6 +730,15 @@ class KVStateMachine:
             self._changed = False
             if self.rev - self.compact_rev >= 2 * HISTORY_RETAIN:
                 self._compact(self.rev - HISTORY_RETAIN)
+            if self._events:
+                events, self._events = self._events, []
+                listener = self.listener
+                if listener is not None:
+                    try:
+                        listener.kv_events(self.rev, events)
+                    except Exception:  # the feed never touches the replicated state
+                        _log.exception("kv change-feed listener failed; detaching it")
+                        self.listener = None
 
     def _fail(self, e: _Invalid) -> dict:
         if e.code == COMPACTED:
@@ -728,6 +771,8 @@ class KVStateMachine:
             self.lease_keys[lease].add(key)
         self.data[key] = value
         self._changed = True
+        if self.listener is not None:
+            self._events.append(("PUT", key, self.hist[key][-1], prev))
         return prev
 
     def _del_rec(self, key: Any) -> list | None:
@@ -746,6 +791,8 @@ class KVStateMachine:
             self._detach(last[4], key)
         del self.data[key]
         self._changed = True
+        if self.listener is not None:
+            self._events.append(("DELETE", key, tomb, last))
         return last
 
     def _detach(self, lease: int, key: Any) -> None:

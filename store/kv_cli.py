@@ -1,6 +1,8 @@
-"""``cellar kv put|get|del|txn`` and ``cellar lease grant|keepalive|revoke|timetolive|list``:
+"""``cellar kv put|get|del|txn|watch`` and ``cellar lease grant|keepalive|revoke|timetolive|list``:
 the key-value machine from the command line, through the replicas' client ports (the
-binary client, ``store.client``).
+binary client, ``store.client``); ``kv watch`` through their HTTP API (``POST /v3/watch``,
+``--endpoints`` are then the ``--http`` addresses, default ``$CELLAR_HTTP_ENDPOINTS`` or
+``127.0.0.1:7200``), since the binary protocol has no streams.
 
 Every command takes ``--endpoints HOST:PORT,...`` (the replicas' *client* addresses, as
 ``cellar up`` prints them; default ``$CELLAR_ENDPOINTS`` or ``127.0.0.1:7100``), the
@@ -18,6 +20,7 @@ status 1 (2 for a usage error); never a traceback. Keys and values are plain str
     cellar kv get /registry/pods/a --rev 12
     cellar kv del /registry/ --prefix
     cellar kv txn cas.json            # {"compare": [...], "success": [...], "failure": [...]}
+    cellar kv watch /registry/ --prefix --rev 12 --endpoints 127.0.0.1:7200,127.0.0.1:7201
     cellar lease grant 10             # prints the lease id
     cellar lease keepalive 7
     cellar lease timetolive 7 --keys
@@ -35,6 +38,7 @@ import asyncio
 import base64
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -161,7 +165,7 @@ def _span(op: dict, key: str, prefix: bool, range_end: str | None) -> None:
 
 @click.group("kv")
 def kv() -> None:
-    """Keys and values: put, get, del, txn (etcd's v3 semantics, docs/kv.md)."""
+    """Keys and values: put, get, del, txn, watch (etcd's v3 semantics, docs/kv.md)."""
 
 
 @kv.command("put")
@@ -309,6 +313,187 @@ async def txn(file: str, endpoints: str, as_json: bool, timeout_s: float) -> int
         else:
             _emit_kvs(res.get("kvs", []))
     return 0
+
+
+# --- watch ----------------------------------------------------------------------------
+
+DEFAULT_HTTP_ENDPOINTS = "127.0.0.1:7200"
+
+
+class _Resume(Exception):
+    """This replica's stream ended without a final answer: go on on the next one."""
+
+
+def _kv_text(kv: dict, field: str) -> str:
+    v = kv.get(field, "")
+    return f"(base64) {v}" if kv.get(f"{field}_encoding") == "base64" else v
+
+
+class _Watch:
+    """One ``cellar kv watch``: a stream from one replica's ``POST /v3/watch``, resumed
+    on the next replica from the revision after the last one seen when a stream breaks."""
+
+    def __init__(self, endpoints: list, create: dict, count: int, as_json: bool, prev_kv: bool) -> None:
+        self.endpoints = endpoints
+        self.create = create
+        self.count = count
+        self.as_json = as_json
+        self.prev_kv = prev_kv
+        self.printed = 0
+        self.start = create.get("start_revision", 0)  # the next revision wanted (0: from now)
+        self.seen = 0  # the last revision every event of which was printed
+        self.created = False  # the current stream got its watch created
+
+    async def run(self) -> int:
+        import aiohttp
+
+        errors: list[str] = []
+        i = 0
+        failures = 0  # attempts in a row that got no watch going
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                host, port = self.endpoints[i % len(self.endpoints)]
+                self.created = False
+                try:
+                    if await self._stream(session, f"http://{host}:{port}/v3/watch?encoding=text"):
+                        return 0
+                except BrokenPipeError:
+                    raise  # our reader is gone (| head), not the replica
+                except _Resume as e:
+                    errors.append(f"{host}:{port}: {e}")
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+                    errors.append(f"{host}:{port}: {_one_line(e) if str(e) else type(e).__name__}")
+                failures = 0 if self.created else failures + 1
+                if failures >= len(self.endpoints):
+                    raise CLIError("no replica serves the watch (" + "; ".join(errors[-failures:]) + ")")
+                i += 1
+                if failures:
+                    await asyncio.sleep(0.2)
+
+    async def _stream(self, session: Any, url: str) -> bool:
+        """True once done (--count events printed); ``_Resume`` when the stream
+        breaks; CLIError for an answer that retrying cannot change."""
+        create = dict(self.create)
+        if self.seen or self.start:
+            create["start_revision"] = max(self.seen + 1, self.start)
+        async with session.post(url, json={"create_request": create}) as resp:
+            if resp.status != 200:
+                try:
+                    err = await resp.json(content_type=None)
+                    text = f"{err.get('reason')}: {err.get('error')}"
+                except ValueError:
+                    text = f"HTTP {resp.status}"
+                if resp.status in (429, 502, 503, 504):
+                    raise _Resume(text)
+                raise CLIError(text)
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    raise _Resume("the stream ended")
+                try:
+                    result = json.loads(line)["result"]
+                except (ValueError, KeyError, TypeError):
+                    raise _Resume(f"not a watch answer: {line[:80]!r}") from None
+                rev = result.get("header", {}).get("revision", 0)
+                if result.get("created"):
+                    self.created = True
+                    if not self.seen and not self.start:
+                        self.seen = rev  # from now: the events after the creation revision
+                    continue
+                if result.get("canceled"):
+                    reason = result.get("cancel_reason", "canceled")
+                    if result.get("compact_revision"):
+                        raise CLIError(f"watch canceled: {reason}")
+                    raise _Resume(f"canceled: {reason}")
+                events = result.get("events")
+                if events is None:  # progress
+                    self.seen = max(self.seen, rev)
+                    continue
+                if rev <= self.seen:
+                    continue  # never twice
+                for ev in events:
+                    self._print(rev, ev)
+                    self.printed += 1
+                    if self.count and self.printed >= self.count:
+                        return True
+                self.seen = rev
+
+    def _print(self, rev: int, ev: dict) -> None:
+        if self.as_json:
+            click.echo(json.dumps({"revision": rev, **ev}, sort_keys=True))
+            return
+        click.echo(ev.get("type", "PUT"))
+        if self.prev_kv and ev.get("prev_kv"):
+            click.echo(_kv_text(ev["prev_kv"], "key"))
+            click.echo(_kv_text(ev["prev_kv"], "value"))
+        click.echo(_kv_text(ev["kv"], "key"))
+        if ev.get("type", "PUT") == "PUT":
+            click.echo(_kv_text(ev["kv"], "value"))
+        sys.stdout.flush()
+
+
+@kv.command("watch")
+@click.argument("key")
+@click.option("--prefix", is_flag=True, help="Every key starting with KEY ('' with --prefix: every key).")
+@click.option("--range-end", help="Every key in [KEY, RANGE_END).")
+@click.option("--rev", "revision", type=click.IntRange(0), default=0,
+              help="Start at this revision (history first); 0: changes from now on.")
+@click.option("--prev-kv", is_flag=True, help="Also print each change's previous key-value.")
+@click.option("--count", type=click.IntRange(0), default=0, help="Exit after N events (0: never).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), default=None,
+              help="Stop watching after S seconds (exit status 0).  [default: never]")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
+@click.option("--endpoints", envvar="CELLAR_HTTP_ENDPOINTS", default=DEFAULT_HTTP_ENDPOINTS, show_default=True,
+              metavar="HOST:PORT,...",
+              help="Replicas' HTTP addresses (cellar serve --http), not their client ports "
+                   "(env CELLAR_HTTP_ENDPOINTS).")
+def watch(key: str, prefix: bool, range_end: str | None, revision: int, prev_kv: bool, count: int,
+          timeout_s: float | None, as_json: bool, endpoints: str) -> None:
+    """Print changes to KEY (or a prefix or range) as they are applied, in revision
+    order: the type (PUT or DELETE), the key, the value. With --rev, the history from
+    that revision first. Served by any replica from its applied log, through its HTTP
+    API (POST /v3/watch); when a replica goes away the watch goes on on the next one
+    from the revision after the last one printed. Exit status 0 after --count events,
+    --timeout or Ctrl-C; 1 with one line on an error (e.g. the revision is compacted)."""
+    op: dict[str, Any] = {"op": "range", "key": key}
+    _span(op, key, prefix, range_end)
+    create: dict[str, Any] = {"key": key}
+    if prefix:
+        create["prefix"] = True
+    elif range_end is not None:
+        create["range_end"] = range_end
+    if revision:
+        create["start_revision"] = revision
+    if prev_kv:
+        create["prev_kv"] = True
+    w = _Watch(parse_endpoints(endpoints), create, count, as_json, prev_kv)
+
+    async def main() -> int:
+        if timeout_s is None:
+            return await w.run()
+        try:
+            return await asyncio.wait_for(w.run(), timeout_s)
+        except asyncio.TimeoutError:
+            return 0
+
+    try:
+        code = asyncio.run(main())
+    except CLIError as e:
+        click.echo(f"cellar kv watch: {_one_line(e)}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(0)
+    except BrokenPipeError:  # | head: the reader is gone
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no noise at exit
+        except OSError:
+            pass
+        sys.exit(0)
+    except Exception as e:  # never a traceback for the user
+        click.echo(f"cellar kv watch: {type(e).__name__}: {_one_line(e)}", err=True)
+        sys.exit(1)
+    sys.exit(code)
 
 
 # --- lease ----------------------------------------------------------------------------

@@ -18,6 +18,9 @@ is one JSON object (an empty body is ``{}``); field names are etcd's::
     POST /v3/lease/revoke      {ID} -> {header, deleted*}
     POST /v3/lease/timetolive  {ID, keys} -> {header, ID, TTL, grantedTTL, keys?}
     POST /v3/lease/leases      {} -> {header, leases: [{ID}]}
+    POST /v3/watch             {create_request: {key, range_end, prefix*, start_revision, prev_kv,
+                                progress_notify, filters, watch_id}}
+                               -> a stream of JSON objects, one per line (below)
     GET  /healthz              200 while the process serves
     GET  /readyz               200 while a majority of replicas is reachable, else 503
     GET  /metrics              Prometheus text
@@ -57,13 +60,46 @@ HTTP   ``reason``            when
 404    ``NotFound``          an unknown path (405 for a wrong method)
 413    ``TooLarge``          a body over ``BODY_BYTES_MAX``, or a key, value or command
                              over the machine's limits (docs/kv.md)
+429    ``TooManyWatchers``   ``POST /v3/watch`` beyond ``watchers_max`` watchers on this
+                             replica (with ``Retry-After``)
 503    ``Unavailable``       fewer than a majority reachable, the node stopping or busy,
                              or no answer within the call timeout; with ``Retry-After``
                              and ``definite``: false when a write may still take effect
 =====  ====================  ==========================================================
 
 Nothing is acknowledged that was not applied: a 200 for a write is sent only once the
-node answered it with the machine's result. There is no watch endpoint (yet).
+node answered it with the machine's result.
+
+**Watch** (``POST /v3/watch``, etcd's gateway stream; ``store/kv_watch.py`` does the
+work): any replica serves it from its own applied log, without a majority. One
+``create_request`` per POST; the answer is ``200`` and a chunked stream of JSON objects,
+one per line::
+
+    {"result": {"header": {..., "revision": R}, "watch_id": W, "created": true}}
+    {"result": {"header": {..., "revision": r}, "watch_id": W,
+                "events": [{"type": "PUT"|"DELETE", "kv": {...}, "prev_kv"?: {...}}]}}
+    {"result": {"header": {..., "revision": r}, "watch_id": W}}            (progress)
+    {"result": {"header": ..., "watch_id": W, "canceled": true, "cancel_reason": "...",
+                "compact_revision"?: C}}                                   (then the end)
+
+One events message per revision, every event of that revision in it (in key order),
+revisions increasing; ``header.revision`` is that revision, so a client that resumes
+from ``header.revision + 1`` of the last message it read misses nothing and sees
+nothing twice (on any replica). From ``start_revision`` the history comes from the
+machine's MVCC store, then live events, with no gap; 0 means from the next revision.
+A DELETE's kv is ``{key, mod_revision}`` (other numbers 0, no value). ``filters``:
+``NOPUT`` / ``NODELETE`` (names or etcd's numbers 0 / 1). ``progress_notify``: a
+header-only message after ``progress_interval_s`` (10 s) without one, carrying the
+revision the watcher has seen everything up to (only when it is not behind).
+Cancellation: a ``start_revision`` at or below the compaction point ``C``
+(``compact_revision: C``; watch from ``C + 1`` at the earliest), history compacted
+under a watcher that is behind, a snapshot restore past what it can replay, the replica
+stopping, or a client that reads nothing for ``write_stall_s`` (30 s; the stream is
+then cut). A slow client never holds the node up: its queue is bounded
+(``store.kv_watch``), past the bound it reads the history again. Closing the stream
+cancels the watcher. A bad request gets the JSON error above before any streaming;
+more than ``watchers_max`` (1024) watchers on a replica: ``429`` ``TooManyWatchers``
+with ``Retry-After``; a stopping replica: ``503``.
 """
 
 from __future__ import annotations
@@ -80,14 +116,20 @@ from typing import Any, Callable
 from aiohttp import web
 
 from consensus.runtime import clientwire
+from store.kv_watch import NODELETE, NOPUT, TooManyWatchers, WatchCanceled, WatchHub
+
 
 BODY_BYTES_MAX = 2 << 20  # a 1 MiB value is 1.4 MB of base64: the machine's own limit binds first
 CALL_TIMEOUT_S = 5.0
 SESSIONS_MAX = 1024
 RETRY_AFTER_S = 1
+WATCHERS_MAX = 1024  # watch streams one replica serves at once (429 beyond)
+PROGRESS_INTERVAL_S = 10.0  # a progress_notify watcher idle this long gets a header-only message
+WRITE_STALL_S = 30.0  # a watch stream whose client reads nothing this long is canceled
 
 # gRPC codes (etcd's gateway puts them in "code")
 G_INVALID, G_NOT_FOUND, G_OUT_OF_RANGE, G_UNAVAILABLE, G_INTERNAL = 3, 5, 11, 14, 13
+G_RESOURCE_EXHAUSTED = 8
 _MACHINE_ERRORS = {  # consensus.kv error code -> (HTTP status, gRPC code)
     "InvalidRequest": (400, G_INVALID),
     "TooLarge": (413, G_INVALID),
@@ -103,6 +145,24 @@ _CMP_TARGET = {"VERSION": ("version", "version"), "CREATE": ("create", "create_r
 _CMP_TARGET.update({i: _CMP_TARGET[n] for i, n in enumerate(("VERSION", "CREATE", "MOD", "VALUE", "LEASE"))})
 
 _counter = itertools.count()
+
+
+SEND_BYTES = 256 << 10  # a watch stream is written in pieces of about this many bytes
+
+
+def _approx(e: Any) -> int:
+    """About the bytes of a watch event's key and values."""
+    n = 64
+    for kv in (e.kv, e.prev_kv):
+        if kv is not None:
+            for f in ("key", "value"):
+                v = kv.get(f)
+                n += len(v) if type(v) in (str, bytes) else 8
+    return n
+
+
+class _Stalled(Exception):
+    """A watch stream's client read nothing for ``write_stall_s``."""
 
 
 class APIError(Exception):
@@ -356,6 +416,46 @@ def _read_only_txn(op: dict) -> bool:
     return all(s["op"] == "range" for s in op["success"] + op["failure"])
 
 
+_WATCH_CREATE = ("key", "range_end", "start_revision", "progress_notify", "filters", "prev_kv", "watch_id",
+                 "fragment", "prefix")
+_FILTERS = {"NOPUT": NOPUT, "NODELETE": NODELETE, 0: NOPUT, 1: NODELETE}
+
+
+def watch_op(body: Any, c: Codec) -> dict:
+    """A watch create request: ``{key, range_end, prefix, start_revision, prev_kv,
+    progress_notify, filters, watch_id}`` (``range_end``/``prefix`` as in a range)."""
+    b = _fields(body, ("create_request", "cancel_request", "progress_request"), "watch request")
+    if "cancel_request" in b or "progress_request" in b:
+        raise bad("only create_request is supported: one watch per POST /v3/watch stream; close the stream "
+                  "to cancel it, ask for progress_notify for progress")
+    if b.get("create_request") is None:
+        raise bad("create_request is required")
+    cr = _fields(b["create_request"], _WATCH_CREATE, "create_request")
+    key = c.decode(cr, "key", default="")
+    end = c.decode(cr, "range_end")
+    if end == "":
+        end = None
+    prefix = _bool(cr, "prefix")
+    if prefix and end is not None:
+        raise bad("give range_end or prefix, not both")
+    if key == "" and end is None and not prefix:
+        raise bad("key is required (an empty key needs range_end or prefix)")
+    filters = cr.get("filters") or []
+    if type(filters) is not list:
+        raise bad(f"filters must be a list, not {_json_type(filters)}")
+    fs = set()
+    for f in filters:
+        hit = _FILTERS.get(f.strip().upper() if type(f) is str else f) if type(f) in (str, int) else None
+        if hit is None:
+            raise bad("filters must be NOPUT or NODELETE")
+        fs.add(hit)
+    if _bool(cr, "fragment"):
+        raise bad("fragment is not supported (each revision's events come in one message)")
+    return {"key": key, "range_end": end, "prefix": prefix, "start_revision": _int(cr, "start_revision"),
+            "prev_kv": _bool(cr, "prev_kv"), "progress_notify": _bool(cr, "progress_notify"),
+            "filters": tuple(sorted(fs)), "watch_id": _int(cr, "watch_id")}
+
+
 # --- the API --------------------------------------------------------------------------
 
 
@@ -363,17 +463,23 @@ class KVAPI:
     """One replica's HTTP API; ``await start(host, port)``, later ``await stop()``."""
 
     def __init__(self, node: Any, *, call_timeout_s: float = CALL_TIMEOUT_S,
-                 body_bytes_max: int = BODY_BYTES_MAX) -> None:
+                 body_bytes_max: int = BODY_BYTES_MAX, watchers_max: int = WATCHERS_MAX,
+                 progress_interval_s: float = PROGRESS_INTERVAL_S, write_stall_s: float = WRITE_STALL_S,
+                 **hub_options: Any) -> None:
         from consensus.machines import validator
 
         self.node = node
         self.call_timeout_s = call_timeout_s
         self.body_bytes_max = body_bytes_max
+        self.progress_interval_s = progress_interval_s
+        self.write_stall_s = write_stall_s
+        # watch: served from this replica's applied log (store/kv_watch.py)
+        self.hub = WatchHub(node.machine, watchers_max=watchers_max, **hub_options)
         self.validate = validator("kv")
         self._free: list[list] = []  # [client id, last seq] sessions not in use
         self._sessions = asyncio.Semaphore(SESSIONS_MAX)
         self._nonce = f"{os.getpid():x}.{time.time_ns() & 0xFFFFFFFFFF:x}"
-        self.stats = {"calls": 0, "timeouts": 0, "refused_no_quorum": 0}
+        self.stats = {"calls": 0, "timeouts": 0, "refused_no_quorum": 0, "watch_stalled": 0}
         self.metrics = KVMetrics(self)
         self.app = web.Application(middlewares=[self._count, self._errors], client_max_size=body_bytes_max)
         r = self.app.router
@@ -386,17 +492,26 @@ class KVAPI:
                               ("/v3/kv/lease/timetolive", self.lease_timetolive),
                               ("/v3/kv/lease/leases", self.lease_leases)):
             r.add_post(path, handler)
+        r.add_post("/v3/watch", self.watch)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_text)
         self._runner: web.AppRunner | None = None
+        self._watchdog_task: asyncio.Future | None = None
+        self._writing: dict[int, tuple] = {}  # watch writes in progress: id(resp) -> (since, watcher, request)
+        self._stalled: set[int] = set()
 
     async def start(self, host: str, port: int) -> None:
+        self._watchdog_task = asyncio.ensure_future(self._watchdog())
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 
     async def stop(self) -> None:
+        self.hub.close("this replica is stopping; watch again on another replica")
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+            self._watchdog_task = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -645,6 +760,115 @@ class KVAPI:
         r = await self.call({"op": "lease_leases"}, read=True)
         return _json({"header": self._header(r["revision"]), "leases": [{"ID": i} for i in r["leases"]]})
 
+    # --- watch ------------------------------------------------------------------------
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v3/watch``: one watcher, streamed as JSON objects, one per line."""
+        c = self._codec(request)
+        spec = watch_op(await self._body(request), c)
+        span: dict[str, Any] = {"op": "range", "key": spec["key"]}
+        if spec["range_end"] is not None:
+            span["range_end"] = spec["range_end"]
+        if spec["prefix"]:
+            span["prefix"] = True
+        self._check(span)  # key sizes and types, as a range
+        if self.node._down:
+            raise unavailable("this replica is stopping", True)
+        try:
+            w = self.hub.watch(spec["key"], spec["range_end"], prefix=spec["prefix"],
+                               start_revision=spec["start_revision"], prev_kv=spec["prev_kv"],
+                               filters=spec["filters"])
+        except TooManyWatchers as e:
+            raise APIError(429, str(e), "TooManyWatchers", G_RESOURCE_EXHAUSTED,
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except WatchCanceled as e:
+            raise unavailable(e.reason, True) from None
+        wid = spec["watch_id"] or w.id
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        try:
+            await resp.prepare(request)
+            await self._send(request, resp, w, [{"result": {"header": self._header(self.hub.revision),
+                                                             "watch_id": wid, "created": True}}])
+            idle_since = time.monotonic()
+            tick = max(0.05, min(1.0, self.progress_interval_s))
+            while True:
+                try:
+                    batches = await w.next(tick)
+                except WatchCanceled as e:
+                    msg: dict[str, Any] = {"header": self._header(self.hub.revision), "watch_id": wid,
+                                           "canceled": True, "cancel_reason": e.reason}
+                    if e.compact_revision:
+                        msg["compact_revision"] = e.compact_revision
+                    await self._send(request, resp, w, [{"result": msg}])
+                    break
+                if batches:
+                    msgs: list = []
+                    size = 0
+                    for b in batches:  # written in pieces of about SEND_BYTES: a long history is never one blob
+                        msgs.append({"result": {"header": self._header(b.revision), "watch_id": wid,
+                                                "events": [self._event(c, e) for e in b.events]}})
+                        size += sum(_approx(e) for e in b.events)
+                        if size >= SEND_BYTES:
+                            await self._send(request, resp, w, msgs)
+                            msgs, size = [], 0
+                    if msgs:
+                        await self._send(request, resp, w, msgs)
+                    idle_since = time.monotonic()
+                    continue
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break  # the client went away
+                if spec["progress_notify"] and time.monotonic() - idle_since >= self.progress_interval_s:
+                    rev = w.progress_revision()
+                    if rev is not None:
+                        await self._send(request, resp, w, [{"result": {"header": self._header(rev),
+                                                                         "watch_id": wid}}])
+                        idle_since = time.monotonic()
+        except _Stalled:
+            pass
+        except (ConnectionError, RuntimeError):  # the client went away mid-write
+            pass
+        finally:
+            self.hub.cancel(w, "the stream was closed")
+        return resp
+
+    async def _send(self, request: web.Request, resp: web.StreamResponse, w: Any, msgs: list) -> None:
+        """Write ``msgs`` (one JSON line each). A write still waiting for the client
+        after ``write_stall_s`` is cut by ``_watchdog`` (no timer per write: a
+        ``wait_for`` cost more than encoding the message)."""
+        data = b"".join(json.dumps(m, separators=(",", ":")).encode() + b"\n" for m in msgs)
+        key = id(resp)
+        self._writing[key] = (time.monotonic(), w, request)
+        try:
+            await resp.write(data)
+        finally:
+            self._writing.pop(key, None)
+            stalled = key in self._stalled
+            self._stalled.discard(key)
+        if stalled:
+            raise _Stalled
+
+    async def _watchdog(self) -> None:
+        """Cut the watch streams whose client read nothing for ``write_stall_s``."""
+        period = max(0.05, min(1.0, self.write_stall_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for key, (since, w, request) in list(self._writing.items()):
+                if now - since >= self.write_stall_s and key not in self._stalled:
+                    self._stalled.add(key)
+                    self.stats["watch_stalled"] += 1
+                    self.hub.cancel(w, f"the client read nothing for {self.write_stall_s:g} s")
+                    if request.transport is not None:
+                        request.transport.abort()
+
+    @staticmethod
+    def _event(c: Codec, e: Any) -> dict:
+        out: dict[str, Any] = {"type": e.kind, "kv": c.kv(e.kv)}
+        if e.prev_kv is not None:
+            out["prev_kv"] = c.kv(e.prev_kv)
+        return out
+
     # --- health -----------------------------------------------------------------------
 
     def ready(self) -> bool:
@@ -714,6 +938,19 @@ class _KVCollector:
                   len(node._clients))
         yield fam(CounterMetricFamily, "cellar_http_call_timeouts", "HTTP commands that got no answer in time.",
                   self.api.stats["timeouts"])
+        hub = self.api.hub
+        yield fam(GaugeMetricFamily, "cellar_watchers", "Watchers this replica serves.", len(hub.watchers))
+        yield fam(CounterMetricFamily, "cellar_watchers_created", "Watchers created.", hub.stats["created"])
+        yield fam(CounterMetricFamily, "cellar_watchers_compacted",
+                  "Watchers canceled because the revisions they needed were compacted.", hub.stats["compacted"])
+        yield fam(CounterMetricFamily, "cellar_watchers_refused", "Watch requests refused: too many watchers.",
+                  hub.stats["refused"])
+        yield fam(CounterMetricFamily, "cellar_watch_fallbacks",
+                  "Times a slow watcher's queue overflowed and it went back to reading the history.",
+                  hub.stats["fallbacks"])
+        yield fam(CounterMetricFamily, "cellar_watch_stalled",
+                  "Watch streams canceled because their client read nothing for the stall limit.",
+                  self.api.stats["watch_stalled"])
         yield fam(CounterMetricFamily, "cellar_http_refused_no_quorum",
                   "HTTP commands refused because fewer than a majority was reachable.",
                   self.api.stats["refused_no_quorum"])
