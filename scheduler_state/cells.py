@@ -69,7 +69,7 @@ class KeyIndex:
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio",
     )
 
@@ -107,7 +107,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "pcell", "free", "ikey", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -262,6 +262,7 @@ class Cluster:
         c.children = [self._build_physical(s, chain, level - 1, c, node, c.in_pinned) for s in spec.children]
         if c.children:
             c.oavail = sum(ch.oavail for ch in c.children)  # pinned leaves below are not available
+        _static_lists(c, chain.info.node_level)
         return c
 
     def _build_virtual(self, scope: VScope, level: int, addr: str, parent: VCell | None) -> VCell:
@@ -278,6 +279,7 @@ class Cluster:
             c.children = [
                 self._build_virtual(scope, level - 1, f"{addr}/{i}", c) for i in range(info.child_numbers[level - 1])
             ]
+        _static_lists(c, info.node_level)
         return c
 
     # -- buddy free lists ----------------------------------------------------------
@@ -563,6 +565,20 @@ class Cluster:
             "bad_leaf_cells": bad,
             "free_cells": {info.types[lvl - 1]: len(chain.free[lvl]) for lvl in range(info.top_level, 0, -1)},
         }
+
+
+def _static_lists(c: Any, node_level: int) -> None:
+    """A cell's leaf cells left to right (``leafs``) and, at or below the node level,
+    its subtree with each cell's leaf count (``sub``, pre-order; None above): the tree
+    never changes once built, so placement reads these instead of walking it."""
+    if c.children:
+        c.leafs = [leaf for ch in c.children for leaf in ch.leafs]
+    else:
+        c.leafs = [c] if c.level == 1 else []
+    if c.level <= node_level:
+        c.sub = [(c, len(c.leafs))] + [x for ch in c.children for x in ch.sub]
+    else:
+        c.sub = None
 
 
 class Touched:

@@ -171,6 +171,22 @@ class Placer:
 
     def _take_all(self, c: Cell, out: list[Cell]) -> None:
         cnt = self.cnt
+        leafs = c.leafs
+        if c.sub is not None and cnt(c) == len(leafs):
+            # every leaf below c is available (each counts at most one): all of them,
+            # in the order the walk below would find them; each cell of c's subtree
+            # gets all its leaves picked, each ancestor len(leafs)
+            delta = self.delta
+            get = delta.get
+            for x, n in c.sub:
+                delta[x] = get(x, 0) + n
+            k = len(leafs)
+            a = c.parent
+            while a is not None:
+                delta[a] = get(a, 0) + k
+                a = a.parent
+            out.extend(leafs)
+            return
         stack = [c]
         found = []
         while stack:
