@@ -380,63 +380,22 @@ class Cluster:
         if v is not None:
             v.user = g
             v.prio = prio
-            c: VCell | None = v
-            while c is not None:
-                c.free -= 1
-                if c.parent is None:
-                    c.scope.free -= 1
-                    t.v[c] = None
-                elif c.nodeish:
-                    t.v[c] = None
-                c = c.parent
+            _virtual_up(v, -1, t.v)
         p.user = g
         p.prio = prio
-        opp = prio == OPPORTUNISTIC_PRIORITY
-        avail = p.bad == 0 and not p.in_pinned
-        q: PCell | None = p
-        while q is not None:
-            q.used += 1
-            if opp:
-                q.opp += 1
-                if q.in_free:
-                    t.f[q] = None
-            if avail:
-                q.oavail -= 1
-                if q.nodeish or q.parent is None:
-                    t.p[q] = None
-            q = q.parent
+        _physical_up(p, 1, prio == OPPORTUNISTIC_PRIORITY, p.bad == 0 and not p.in_pinned, t)
 
     def unuse_leaf(self, p: PCell, v: VCell | None, t: Touched) -> None:
         """Take leaf ``p`` (and its virtual leaf ``v``, then unbound) from its group."""
         if v is not None:
             v.user = None
             v.prio = FREE_PRIORITY
-            c: VCell | None = v
-            while c is not None:
-                c.free += 1
-                if c.parent is None:
-                    c.scope.free += 1
-                    t.v[c] = None
-                elif c.nodeish:
-                    t.v[c] = None
-                c = c.parent
+            _virtual_up(v, 1, t.v)
             self.unbind(v)
         opp = p.prio == OPPORTUNISTIC_PRIORITY
         p.user = None
         p.prio = FREE_PRIORITY
-        avail = p.bad == 0 and not p.in_pinned
-        q: PCell | None = p
-        while q is not None:
-            q.used -= 1
-            if opp:
-                q.opp -= 1
-                if q.in_free:
-                    t.f[q] = None
-            if avail:
-                q.oavail += 1
-                if q.nodeish or q.parent is None:
-                    t.p[q] = None
-            q = q.parent
+        _physical_up(p, -1, opp, p.bad == 0 and not p.in_pinned, t)
 
     def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
         """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user
@@ -565,6 +524,52 @@ class Cluster:
             "bad_leaf_cells": bad,
             "free_cells": {info.types[lvl - 1]: len(chain.free[lvl]) for lvl in range(info.top_level, 0, -1)},
         }
+
+
+def _virtual_up(c: VCell, d: int, tv: dict) -> None:
+    """``free`` += d on ``c`` and its ancestors (and the scope's at the root); roots and
+    node cells go to ``tv`` (their index keys may be stale)."""
+    while True:
+        c.free += d
+        parent = c.parent
+        if parent is None:
+            c.scope.free += d
+            tv[c] = None
+            return
+        if c.nodeish:
+            tv[c] = None
+        c = parent
+
+
+def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:
+    """``used`` += d on leaf ``q`` and its ancestors; with ``opp`` also ``opp`` += d
+    (free-list cells to ``t.f``); with ``avail`` also ``oavail`` -= d (tops and nodes to
+    ``t.p``)."""
+    if avail and not opp:  # the common case, in a loop of its own
+        tp = t.p
+        while True:
+            q.used += d
+            q.oavail -= d
+            parent = q.parent
+            if parent is None:
+                tp[q] = None
+                return
+            if q.nodeish:
+                tp[q] = None
+            q = parent
+    tf = t.f
+    tp = t.p
+    while q is not None:
+        q.used += d
+        if opp:
+            q.opp += d
+            if q.in_free:
+                tf[q] = None
+        if avail:
+            q.oavail -= d
+            if q.nodeish or q.parent is None:
+                tp[q] = None
+        q = q.parent
 
 
 def _static_lists(c: Any, node_level: int) -> None:
