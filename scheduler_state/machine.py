@@ -976,12 +976,16 @@ class SchedulerStateMachine:
     def _group_view(self, g: Group) -> dict[str, Any]:
         placement = []
         for pod in g.pods:
-            tracked = [(node, idx) for (node, idx, _), p in zip(pod.devices, pod.pleaves) if p is not None]
+            devices, pleaves = pod.devices, pod.pleaves
+            if len(devices) == len(pleaves):
+                ignored = pleaves.count(None)
+            else:
+                ignored = len(devices) - sum(1 for _, p in zip(devices, pleaves) if p is not None)
             placement.append({
                 "leaf_cell_number": pod.k,
-                "node": pod.devices[0][0] if pod.devices else None,
-                "leaf_cells": [idx for _, idx, _ in pod.devices],
-                "ignored_leaf_cells": len(pod.devices) - len(tracked),
+                "node": devices[0][0] if devices else None,
+                "leaf_cells": [d[1] for d in devices],
+                "ignored_leaf_cells": ignored,
                 "released": pod.released,
             })
         view: dict[str, Any] = {
