@@ -66,6 +66,15 @@ class KeyIndex:
         return len(self.keys)
 
 
+def _rekey(keys: list[tuple[int, int]], old: tuple[int, int], key: tuple[int, int]) -> None:
+    """``KeyIndex.remove(old)`` then ``add(key)`` on the sorted ``keys``."""
+    i = bisect_left(keys, old)
+    if i == len(keys) or keys[i] != old:
+        raise AssertionError(f"key {old} missing from index")
+    del keys[i]
+    insort(keys, key)
+
+
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
@@ -460,6 +469,8 @@ class Cluster:
             self.bad_nodes.discard(node)
 
     def reindex(self, t: Touched) -> None:
+        # KeyIndex.remove / add inlined: this runs for every touched root and node of
+        # every command
         for v in t.v:
             key = (v.free, v.id)
             old = v.ikey
@@ -467,11 +478,9 @@ class Cluster:
                 assert old is not None
                 scope = v.scope
                 if v.parent is None:
-                    scope.root_index.remove(old)
-                    scope.root_index.add(key)
+                    _rekey(scope.root_index.keys, old, key)
                 if v.nodeish:
-                    scope.node_index.remove(old)
-                    scope.node_index.add(key)
+                    _rekey(scope.node_index.keys, old, key)
                 v.ikey = key
         for p in t.p:
             key = (p.oavail, p.id)
@@ -480,11 +489,9 @@ class Cluster:
                 assert old is not None
                 chain = p.chain
                 if p.parent is None:
-                    chain.root_index.remove(old)
-                    chain.root_index.add(key)
+                    _rekey(chain.root_index.keys, old, key)
                 if p.nodeish:
-                    chain.node_index.remove(old)
-                    chain.node_index.add(key)
+                    _rekey(chain.node_index.keys, old, key)
                 p.ikey = key
         for p in t.f:
             if p.in_free:
