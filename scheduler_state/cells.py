@@ -406,6 +406,59 @@ class Cluster:
         p.prio = FREE_PRIORITY
         _physical_up(p, -1, opp, p.bad == 0 and not p.in_pinned, t)
 
+    def use_pod(self, g: Group, pleaves: list[PCell], prio: int, vleaves: list[VCell] | None, t: Touched) -> None:
+        """``bind`` (when virtual) and ``use_leaf`` for each leaf of one pod: the same
+        state, but the cells from a leaf's node up are updated once for each run of
+        leaves under the same node rather than once per leaf."""
+        if vleaves is not None:
+            bind = self.bind
+            for v, p in zip(vleaves, pleaves):
+                bind(v, p)
+                v.user = g
+                v.prio = prio
+            _virtual_up_many(vleaves, -1, t.v)
+        opp = prio == OPPORTUNISTIC_PRIORITY
+        for p in pleaves:
+            p.user = g
+            p.prio = prio
+        _physical_up_many(pleaves, 1, opp, t)
+
+    def unuse_pod(self, pleaves: list[PCell | None], vleaves: list[VCell | None] | None, t: Touched) -> None:
+        """``unuse_leaf`` for every tracked (not None) leaf of one pod, in bulk as
+        ``use_pod``; leaf by leaf when its leaves are of mixed kinds."""
+        if vleaves is None:
+            pl = [p for p in pleaves if p is not None]
+            vl: list[VCell] = []
+        else:
+            pl = []
+            vl = []
+            for p, v in zip(pleaves, vleaves):
+                if p is not None:
+                    pl.append(p)
+                    if v is not None:
+                        vl.append(v)
+        if not pl:
+            return
+        opp = pl[0].prio == OPPORTUNISTIC_PRIORITY
+        if len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and vl) or \
+                any((p.prio == OPPORTUNISTIC_PRIORITY) is not opp for p in pl):
+            for i, p in enumerate(pleaves):
+                if p is not None:
+                    self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)
+            return
+        if vl:
+            for v in vl:
+                v.user = None
+                v.prio = FREE_PRIORITY
+            _virtual_up_many(vl, 1, t.v)
+            unbind = self.unbind
+            for v in vl:
+                unbind(v)
+        for p in pl:
+            p.user = None
+            p.prio = FREE_PRIORITY
+        _physical_up_many(pl, -1, opp, t)
+
     def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
         """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user
         and gives its virtual leaf back to the VC."""
@@ -577,6 +630,54 @@ def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:
             if q.nodeish or q.parent is None:
                 tp[q] = None
         q = q.parent
+
+
+def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> None:
+    """``_virtual_up(leaf, d)`` for each of ``leaves``: below its node cell each leaf
+    alone, from the node up once per run of leaves under the same node."""
+    top = None
+    n = 0
+    for c in leaves:
+        while not c.nodeish and c.parent is not None:
+            c.free += d
+            c = c.parent
+        if c is top:
+            n += 1
+            continue
+        if top is not None:
+            _virtual_up(top, n * d, tv)
+        top, n = c, 1
+    if top is not None:
+        _virtual_up(top, n * d, tv)
+
+
+def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> None:
+    """``_physical_up(leaf, d, opp, avail)`` for each of ``leaves`` (``avail`` its own:
+    healthy and outside pinned cells), from the node up once per run of leaves under
+    the same node with the same ``avail``."""
+    tf = t.f
+    top = None
+    n = 0
+    top_avail = False
+    for q in leaves:
+        avail = q.bad == 0 and not q.in_pinned
+        while not q.nodeish and q.parent is not None:
+            q.used += d
+            if opp:
+                q.opp += d
+                if q.in_free:
+                    tf[q] = None
+            if avail:
+                q.oavail -= d
+            q = q.parent
+        if q is top and avail is top_avail:
+            n += 1
+            continue
+        if top is not None:
+            _physical_up(top, n * d, opp, top_avail, t)
+        top, n, top_avail = q, 1, avail
+    if top is not None:
+        _physical_up(top, n * d, opp, top_avail, t)
 
 
 def _static_lists(c: Any, node_level: int) -> None:

@@ -370,12 +370,8 @@ class SchedulerStateMachine:
             vcg.pop(g.name, None)
 
     def _free_pod(self, pod: Pod, t: Touched) -> None:
-        cl = self.cluster
         vl = pod.vleaves
-        for i, p in enumerate(pod.pleaves):
-            if p is None:
-                continue
-            cl.unuse_leaf(p, vl[i] if vl is not None else None, t)
+        self.cluster.unuse_pod(pod.pleaves, vl, t)
         pod.pleaves = [None] * len(pod.pleaves)
         if vl is not None:
             pod.vleaves = [None] * len(vl)
@@ -484,8 +480,7 @@ class SchedulerStateMachine:
             g = Group(req, seq, chain.info.name)
             t = Touched()
             for k, leaves in zip(pods, found):
-                for p in leaves:
-                    cl.use_leaf(g, p, OPPORTUNISTIC_PRIORITY, None, t)
+                cl.use_pod(g, leaves, OPPORTUNISTIC_PRIORITY, None, t)
                 g.pods.append(Pod(k, [(p.node, p.leaf_index, None) for p in leaves], list(leaves), None))
             cl.reindex(t)
             self._add_group(g)
@@ -611,9 +606,7 @@ class SchedulerStateMachine:
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
         for k, vleaves, pleaves in zip(req.pods, vplace, pplace):
-            for v, p in zip(vleaves, pleaves):
-                cl.bind(v, p)
-                cl.use_leaf(g, p, prio, v, t)
+            cl.use_pod(g, pleaves, prio, vleaves, t)
             g.pods.append(Pod(k, [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)],
                               list(pleaves), list(vleaves)))
         cl.reindex(t)
