@@ -40,18 +40,30 @@ OPPORTUNISTIC_PRIORITY = -1
 MAX_GUARANTEED_PRIORITY = 1000
 
 
+ID_BITS = 32
+ID_MASK = (1 << ID_BITS) - 1
+
+
+def ckey(count: int, cid: int) -> int:
+    """The index key of ``(count, id)``: one int, ``count << 32 | id``, so the indexes
+    sort and bisect on int comparisons (tuples compared element by element cost several
+    times more); the order is the tuples' (counts are >= 0, ids < 2**32)."""
+    return count << ID_BITS | cid
+
+
 class KeyIndex:
-    """A sorted list of ``(count, id)`` keys; ids resolve through the owner's cell list."""
+    """A sorted list of ``ckey(count, id)`` keys; ids (``key & ID_MASK``) resolve
+    through the owner's cell list, counts are ``key >> ID_BITS``."""
 
     __slots__ = ("keys",)
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, int]] = []
+        self.keys: list[int] = []
 
-    def add(self, key: tuple[int, int]) -> None:
+    def add(self, key: int) -> None:
         insort(self.keys, key)
 
-    def remove(self, key: tuple[int, int]) -> None:
+    def remove(self, key: int) -> None:
         keys = self.keys
         i = bisect_left(keys, key)
         if i == len(keys) or keys[i] != key:
@@ -60,13 +72,13 @@ class KeyIndex:
 
     def first_at_least(self, count: int) -> int:
         """Position of the first key whose count is >= ``count``."""
-        return bisect_left(self.keys, (count, -1))
+        return bisect_left(self.keys, count << ID_BITS)
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
-def _rekey(keys: list[tuple[int, int]], old: tuple[int, int], key: tuple[int, int]) -> None:
+def _rekey(keys: list[int], old: int, key: int) -> None:
     """``KeyIndex.remove(old)`` then ``add(key)`` on the sorted ``keys``."""
     i = bisect_left(keys, old)
     if i == len(keys) or keys[i] != old:
@@ -100,12 +112,12 @@ class PCell:
         self.leaves = chain.info.leaves_per_level[level - 1]
         self.vcell: VCell | None = None
         self.in_free = False
-        self.fkey: tuple[int, int] | None = None
+        self.fkey: int | None = None
         self.used = 0
         self.opp = 0
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
-        self.ikey: tuple[int, int] | None = None
+        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
 
@@ -137,7 +149,7 @@ class VCell:
         self.leaves = info.leaves_per_level[level - 1]
         self.pcell: PCell | None = None
         self.free = self.leaves
-        self.ikey: tuple[int, int] | None = None
+        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
 
@@ -211,10 +223,10 @@ class Cluster:
         for chain in self.chains.values():
             for top in chain.tops:
                 self._free_add(top)
-                top.ikey = (top.oavail, top.id)
+                top.ikey = ckey(top.oavail, top.id)
                 chain.root_index.add(top.ikey)
             for n in chain.nodes:
-                n.ikey = (n.oavail, n.id)
+                n.ikey = ckey(n.oavail, n.id)
                 chain.node_index.add(n.ikey)
         for vc in config.virtual_clusters.values():
             scopes: dict[str, VScope] = {}
@@ -245,11 +257,11 @@ class Cluster:
             for scope in list(scopes.values()) + list(pinned.values()):
                 scope.node_leaves_max = max((c.leaves for c in scope.nodes), default=0)
                 for r in scope.roots:
-                    r.ikey = (r.free, r.id)
+                    r.ikey = ckey(r.free, r.id)
                     scope.root_index.add(r.ikey)
                 for c in scope.nodes:
                     if c.parent is not None:  # roots below node level are indexed as roots
-                        c.ikey = (c.free, c.id)
+                        c.ikey = ckey(c.free, c.id)
                     scope.node_index.add(c.ikey)  # type: ignore[arg-type]
 
     # -- construction -------------------------------------------------------------
@@ -295,7 +307,7 @@ class Cluster:
 
     def _free_add(self, c: PCell) -> None:
         c.in_free = True
-        c.fkey = (c.opp, c.id)
+        c.fkey = c.opp << ID_BITS | c.id
         c.chain.free[c.level].add(c.fkey)
 
     def _free_remove(self, c: PCell) -> None:
@@ -306,7 +318,7 @@ class Cluster:
 
     def free_rekey(self, c: PCell) -> None:
         """The ordering key of a free cell changed (its opportunistic usage)."""
-        if c.fkey != (c.opp, c.id):
+        if c.fkey != c.opp << ID_BITS | c.id:
             self._free_remove(c)
             self._free_add(c)
 
@@ -525,7 +537,7 @@ class Cluster:
         # KeyIndex.remove / add inlined: this runs for every touched root and node of
         # every command
         for v in t.v:
-            key = (v.free, v.id)
+            key = v.free << ID_BITS | v.id
             old = v.ikey
             if key != old:
                 assert old is not None
@@ -536,7 +548,7 @@ class Cluster:
                     _rekey(scope.node_index.keys, old, key)
                 v.ikey = key
         for p in t.p:
-            key = (p.oavail, p.id)
+            key = p.oavail << ID_BITS | p.id
             old = p.ikey
             if key != old:
                 assert old is not None

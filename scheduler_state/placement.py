@@ -30,7 +30,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler_state.cells import Cluster, PCell, PChain, VCell, VScope
+from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope
 
 Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
 
@@ -278,11 +278,11 @@ def _virtual_node_ok(suggested: frozenset[str] | None) -> Callable[[VCell], bool
     return ok
 
 
-def indexed_roots(index_keys: list[tuple[int, int]], cells: list[Any], total: int) -> Iterable[Any]:
-    """Cells of a (count, id) index with count >= total, fewest first."""
-    i = bisect_left(index_keys, (total, -1))
+def indexed_roots(index_keys: list[int], cells: list[Any], total: int) -> Iterable[Any]:
+    """Cells of a (count, id) index (``cells.ckey``) with count >= total, fewest first."""
+    i = bisect_left(index_keys, total << ID_BITS)
     for j in range(i, len(index_keys)):
-        yield cells[index_keys[j][1]]
+        yield cells[index_keys[j] & ID_MASK]
 
 
 def counted_roots(roots: list[Any], cnt: Callable[[Any], int], total: int) -> list[Any]:
@@ -373,9 +373,10 @@ class MapPlan:
             # Free cells are ordered by (opportunistic users, id): the first usable one
             # is the best unless bad or non-suggested cells must be skipped.
             for key in chain.free[lvl].keys:
-                if key[1] in removed:
+                cid = key & ID_MASK
+                if cid in removed:
                     continue
-                c = pcells[key[1]]
+                c = pcells[cid]
                 r = self._rank(c)
                 if best_rank is None or r < best_rank:
                     best, best_rank = c, r
