@@ -466,10 +466,11 @@ class SchedulerStateMachine:
             placer = physical_placer(sugg)
             keys = chain.node_index.keys
 
-            def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[PCell]:
+            def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
                 return list(indexed_roots(keys, cl.pcells, kmin))
 
-            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods)
+            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
+                                 (keys, cl.pcells))
             if found is None:
                 continue
             if mode == "dry":
@@ -504,8 +505,9 @@ class SchedulerStateMachine:
                     roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
                     keys = scope.node_index.keys
 
-                    def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[VCell]:
+                    def spread(kmin: int, keys: list[int] = keys) -> list[VCell]:
                         return list(indexed_roots(keys, cl.vcells, kmin))
+                    sindex: Any = (keys, cl.vcells)
                 else:
                     lower = []
                     for g in self.vc_groups[req.vc].values():
@@ -522,7 +524,8 @@ class SchedulerStateMachine:
 
                     def spread(kmin: int, scope: VScope = scope) -> list[VCell]:
                         return scope.nodes
-                found = placer.place(roots, spread, pods)
+                    sindex = None
+                found = placer.place(roots, spread, pods, sindex)
                 if found is None:
                     continue
                 outcome = self._realize(req, seq, scope, found, sugg, mode)

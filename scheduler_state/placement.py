@@ -46,8 +46,13 @@ class Placer:
         self.node_ok = node_ok
 
     def place(self, roots: Iterable[Cell], spread_nodes: Callable[[int], list[Cell]],
-              pods: Sequence[int]) -> list[list[Cell]] | None:
-        """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them."""
+              pods: Sequence[int], spread_index: tuple[list[int], list[Cell]] | None = None) -> list[list[Cell]] | None:
+        """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them.
+
+        ``spread_index``: the up-to-date node index (``cells.KeyIndex`` keys and the
+        cell list they resolve in) whose counts are this placer's own when nothing is
+        picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
+        reads the index's order instead of counting and sorting the nodes again."""
         order = sorted(range(len(pods)), key=lambda i: (-pods[i], i))
         sizes = [pods[i] for i in order]
         total = sum(sizes)
@@ -57,7 +62,10 @@ class Placer:
             if found is not None:
                 break
         if found is None and len(sizes) > 1:
-            found = self._spread(spread_nodes(sizes[-1]), sizes)
+            if spread_index is not None and not self.delta:  # a failed search picks nothing
+                found = self._spread_indexed(spread_index[0], spread_index[1], sizes)
+            else:
+                found = self._spread(spread_nodes(sizes[-1]), sizes)
         if found is None:
             return None
         out: list[list[Cell]] = [[] for _ in pods]
@@ -132,6 +140,30 @@ class Placer:
             chosen.append(by_id[nid])
             if have > k:
                 insort(keys, (have - k, nid))
+        out = []
+        for k, n in zip(sizes, chosen):
+            leaves: list[Cell] = []
+            self._pick(n, k, leaves)
+            out.append(leaves)
+        return out
+
+    def _spread_indexed(self, index_keys: list[int], cells: list[Cell], sizes: list[int]) -> list[list[Cell]] | None:
+        """``_spread`` over the nodes of an index with count >= the smallest pod, when
+        the index's counts are this placer's (nothing picked yet): the same choice, the
+        keys already in (count, id) order."""
+        node_ok = self.node_ok
+        keys = [key for key in index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
+                if node_ok(cells[key & ID_MASK])]
+        chosen = []
+        for k in sizes:
+            i = bisect_left(keys, k << ID_BITS)
+            if i == len(keys):
+                return None
+            key = keys.pop(i)
+            have = key >> ID_BITS
+            chosen.append(cells[key & ID_MASK])
+            if have > k:
+                insort(keys, (have - k) << ID_BITS | key & ID_MASK)
         out = []
         for k, n in zip(sizes, chosen):
             leaves: list[Cell] = []
