@@ -462,10 +462,20 @@ class Cluster:
             for v in vl:
                 v.user = None
                 v.prio = FREE_PRIORITY
-            _virtual_up_many(vl, 1, t.v)
-            unbind = self.unbind
-            for v in vl:
-                unbind(v)
+            top = _virtual_up_many(vl, 1, t.v)
+            if top is not None and top.nodeish and len(vl) == len(top.leafs) and top.sub is not None:
+                # the pod held every leaf of its node cell: the whole subtree unbinds (as
+                # leaf by leaf would, each cell once its last child went), then the node
+                # cell itself and up as ``unbind`` goes
+                for x, _ in top.sub[1:]:
+                    p = x.pcell
+                    x.pcell = None
+                    p.vcell = None
+                self.unbind(top)
+            else:
+                unbind = self.unbind
+                for v in vl:
+                    unbind(v)
         for p in pl:
             p.user = None
             p.prio = FREE_PRIORITY
@@ -644,11 +654,13 @@ def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:
         q = q.parent
 
 
-def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> None:
+def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> VCell | None:
     """``_virtual_up(leaf, d)`` for each of ``leaves``: below its node cell each leaf
-    alone, from the node up once per run of leaves under the same node."""
+    alone, from the node up once per run of leaves under the same node. Returns that
+    node cell (or the root above the leaves) when all leaves are under one, else None."""
     top = None
     n = 0
+    runs = 0
     for c in leaves:
         while not c.nodeish and c.parent is not None:
             c.free += d
@@ -659,8 +671,10 @@ def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> None:
         if top is not None:
             _virtual_up(top, n * d, tv)
         top, n = c, 1
+        runs += 1
     if top is not None:
         _virtual_up(top, n * d, tv)
+    return top if runs == 1 else None
 
 
 def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> None:
