@@ -559,8 +559,9 @@ class SchedulerStateMachine:
         failure = None
         for leaves in vplace:
             row = []
-            for v in leaves:
-                p = plan.physical(v)
+            fast = plan.full_node(leaves) if len(leaves) > 1 else None
+            for i, v in enumerate(leaves):
+                p = fast[i] if fast is not None else plan.physical(v)
                 if p is None:
                     failure = plan.failure
                 elif p.bad:

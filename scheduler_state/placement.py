@@ -395,6 +395,34 @@ class MapPlan:
         self.taken.add(p.id)
         return p
 
+    def full_node(self, leaves: list[VCell]) -> list[PCell] | None:
+        """The physical leaves for ``leaves`` when they are every leaf of one unbound,
+        unplanned virtual node cell whose physical cell is wholly unbound, untaken and
+        free of opportunistic users: then ``physical`` would pick, leaf after leaf,
+        each cell's first available child, i.e. the physical subtree cell by cell in
+        the same position. None when that does not hold (``physical`` leaf by leaf then
+        gives the same answer as ever: what this did, planning the node cell, is what
+        its first leaf would have done first)."""
+        v = leaves[0]
+        while not v.nodeish and v.parent is not None:
+            v = v.parent
+        if v.pcell is not None or v in self.plan or v.sub is None or v.leafs != leaves:
+            return None
+        p = self.physical(v)
+        if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
+            return None
+        taken = self.taken
+        psub = p.sub
+        for x, _ in psub:
+            if x is not p and (x.vcell is not None or x.id in taken):
+                return None
+        plan = self.plan
+        for (x, _), (y, _) in zip(v.sub, psub):
+            if x is not v:
+                plan[x] = y
+                taken.add(y.id)
+        return p.leafs
+
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
         pcells = self.cluster.pcells
         removed = self.removed
