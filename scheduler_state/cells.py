@@ -467,7 +467,7 @@ class Cluster:
                 # the pod held every leaf of its node cell: the whole subtree unbinds (as
                 # leaf by leaf would, each cell once its last child went), then the node
                 # cell itself and up as ``unbind`` goes
-                for x, _ in top.sub[1:]:
+                for x in top.sub[1:]:
                     p = x.pcell
                     x.pcell = None
                     p.vcell = None
@@ -707,17 +707,30 @@ def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> Non
 
 
 def _static_lists(c: Any, node_level: int) -> None:
-    """A cell's leaf cells left to right (``leafs``) and, at or below the node level,
-    its subtree with each cell's leaf count (``sub``, pre-order; None above): the tree
-    never changes once built, so placement reads these instead of walking it."""
-    if c.children:
-        c.leafs = [leaf for ch in c.children for leaf in ch.leafs]
-    else:
-        c.leafs = [c] if c.level == 1 else []
-    if c.level <= node_level:
-        c.sub = [(c, len(c.leafs))] + [x for ch in c.children for x in ch.sub]
-    else:
+    """At or below the node level, a cell's leaf cells left to right (``leafs``) and
+    its subtree (``sub``, pre-order): the tree never changes once built, so placement
+    reads these instead of walking it. None above the node level (not needed: they
+    would cost memory and build time in proportion to the cluster) and on leaf cells
+    other than node cells (their parent lists them)."""
+    if c.level > node_level or (c.level == 1 and not c.nodeish):
+        c.leafs = None
         c.sub = None
+        return
+    if c.level == 1:
+        c.leafs = [c]
+        c.sub = [c]
+        return
+    leafs: list[Any] = []
+    sub = [c]
+    for ch in c.children:
+        if ch.sub is None:  # a leaf cell
+            leafs.append(ch)
+            sub.append(ch)
+        else:
+            leafs += ch.leafs
+            sub += ch.sub
+    c.leafs = leafs
+    c.sub = sub
 
 
 class Touched:

@@ -204,14 +204,15 @@ class Placer:
     def _take_all(self, c: Cell, out: list[Cell]) -> None:
         cnt = self.cnt
         leafs = c.leafs
-        if c.sub is not None and cnt(c) == len(leafs):
+        if leafs is not None and cnt(c) == len(leafs):
             # every leaf below c is available (each counts at most one): all of them,
             # in the order the walk below would find them; each cell of c's subtree
             # gets all its leaves picked, each ancestor len(leafs)
             delta = self.delta
             get = delta.get
-            for x, n in c.sub:
-                delta[x] = get(x, 0) + n
+            for x in c.sub:
+                xl = x.leafs
+                delta[x] = get(x, 0) + (len(xl) if xl is not None else 1)  # None: a leaf cell
             k = len(leafs)
             a = c.parent
             while a is not None:
@@ -413,11 +414,11 @@ class MapPlan:
             return None
         taken = self.taken
         psub = p.sub
-        for x, _ in psub:
+        for x in psub:
             if x is not p and (x.vcell is not None or x.id in taken):
                 return None
         plan = self.plan
-        for (x, _), (y, _) in zip(v.sub, psub):
+        for x, y in zip(v.sub, psub):
             if x is not v:
                 plan[x] = y
                 taken.add(y.id)
