@@ -52,7 +52,8 @@ GPUS_PER_NODE = 8
 SIZES_GPU = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 READY_TIMEOUT_S = 60.0
 OP_TIMEOUT_S = 10.0
-MODES = ("machine", "embedded", "http")
+MODES = ("machine", "embedded", "http", "http-batch")
+HTTP_BATCH = 8  # operations per request in the http-batch mode (POST /v1/batch)
 
 
 class BenchError(Exception):
@@ -159,52 +160,67 @@ def cpu_sampler(pids: dict[str, int | None]) -> Callable[[], dict[str, float | N
 
 async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int, seconds: float,
                 warmup: float, progress: Callable[[str], None] | None, label: str,
-                cpu: Callable[[], dict[str, float | None]] | None = None) -> dict[str, Any]:
+                cpu: Callable[[], dict[str, float | None]] | None = None, batch: int = 1) -> dict[str, Any]:
     """``clients`` closed-loop callers of ``one_op(kind, arg)`` for ``warmup`` then
     ``seconds`` (only the latter counted). ``one_op`` returns ``(status, body)``: 201
-    placed, 409 not placed, 200 released, 404 gone; anything else is an error."""
+    placed, 409 not placed, 200 released, 404 gone; anything else is an error. With
+    ``batch`` > 1 each caller sends ``batch`` operations at a time,
+    ``one_op("batch", [(kind, arg), ...])`` answering a list of ``(status, body)``; each
+    operation's latency is its request's."""
     tally = Tally()
     counting = False
     stop_at = time.monotonic() + warmup + seconds
 
     async def client() -> None:
-        nonlocal counting
         while time.monotonic() < stop_at:
-            kind, arg = w.next_op()
+            if batch == 1:
+                kind, arg = w.next_op()
+                t0 = time.perf_counter()
+                try:  # one_op bounds its own time (no wait_for: one Task less per operation)
+                    status, body = await one_op(kind, arg)
+                except Exception as e:  # counted; a run full of errors says so in its figures
+                    status, body = -1, f"{type(e).__name__}: {e}"
+                tally_op(kind, arg, status, body, (time.perf_counter() - t0) * 1000)
+                continue
+            ops = [w.next_op() for _ in range(batch)]
             t0 = time.perf_counter()
-            try:  # one_op bounds its own time (no wait_for: one Task less per operation)
-                status, body = await one_op(kind, arg)
-            except Exception as e:  # counted; a run full of errors says so in its figures
-                status, body = -1, f"{type(e).__name__}: {e}"
-            dt = (time.perf_counter() - t0) * 1000
-            if kind == "allocate":
-                name = arg["affinityGroup"]["name"]
-                if status == 201:
-                    w.add(name)
-                    for victim in body.get("preempted") or ():
-                        w.remove(victim)
-                ok = status in (201, 409)
+            try:
+                answers = await one_op("batch", ops)
+            except Exception as e:
+                answers = [(-1, f"{type(e).__name__}: {e}")] * len(ops)
+            dt = (time.perf_counter() - t0) * 1000  # each operation waited for its request
+            for (kind, arg), (status, body) in zip(ops, answers):
+                tally_op(kind, arg, status, body, dt)
+
+    def tally_op(kind: str, arg: Any, status: int, body: Any, dt: float) -> None:
+        if kind == "allocate":
+            name = arg["affinityGroup"]["name"]
+            if status == 201:
+                w.add(name)
+                for victim in body.get("preempted") or ():
+                    w.remove(victim)
+            ok = status in (201, 409)
+        else:
+            ok = status in (200, 404)
+        if not counting:
+            return
+        if not ok:
+            tally.errors += 1
+            tally.last_error = f"{kind}: {status} {str(body)[:200]}"
+            return
+        tally.ops += 1
+        tally.latencies_ms.append(dt)
+        if kind == "allocate":
+            tally.allocations += 1
+            if status == 201:
+                tally.placed += 1
+                tally.preempted += len(body.get("preempted") or ())
             else:
-                ok = status in (200, 404)
-            if not counting:
-                continue
-            if not ok:
-                tally.errors += 1
-                tally.last_error = f"{kind}: {status} {str(body)[:200]}"
-                continue
-            tally.ops += 1
-            tally.latencies_ms.append(dt)
-            if kind == "allocate":
-                tally.allocations += 1
-                if status == 201:
-                    tally.placed += 1
-                    tally.preempted += len(body.get("preempted") or ())
-                else:
-                    tally.not_placed += 1
-            else:
-                tally.releases += 1
-                if status == 404:
-                    tally.gone += 1
+                tally.not_placed += 1
+        else:
+            tally.releases += 1
+            if status == 404:
+                tally.gone += 1
 
     async def show() -> None:
         nonlocal counting
@@ -268,18 +284,15 @@ class HTTPConn:
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self.writer.write(head.encode() + b"\r\n" + (body or b""))
+        self.writer.write(head.encode() + b"\r\n" + body if body is not None else head.encode() + b"\r\n")
         try:
-            status_line = await self.reader.readline()
-            if not status_line:
-                raise ConnectionError("the server closed the connection")
-            status = int(status_line.split(b" ", 2)[1])
+            # the whole head at once, then the body: two reads per response, not one per line
+            raw_head = await self.reader.readuntil(b"\r\n\r\n")
+            lines = raw_head.split(b"\r\n")
+            status = int(lines[0].split(b" ", 2)[1])
             length = 0
             close = False
-            while True:
-                line = await self.reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
+            for line in lines[1:]:
                 name, _, value = line.partition(b":")
                 lname = name.strip().lower()
                 if lname == b"content-length":
@@ -287,6 +300,11 @@ class HTTPConn:
                 elif lname == b"connection" and value.strip().lower() == b"close":
                     close = True
             raw = await self.reader.readexactly(length) if length else b""
+        except asyncio.IncompleteReadError as e:
+            self.close()
+            if not e.partial:
+                raise ConnectionError("the server closed the connection") from None
+            raise
         except BaseException:
             self.close()
             raise
@@ -367,21 +385,31 @@ def _cluster(root: str, replicas: int, config_path: str, fsync: str, http: bool,
 async def bench_http(root: str, config_path: str, *, replicas: int, nodes: int, vcs: int, clients: int,
                      seconds: float, warmup: float, fsync: str, seed: int,
                      progress: Callable[[str], None] | None,
-                     node_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    cluster = _cluster(os.path.join(root, "http"), replicas, config_path, fsync, http=True,
-                       node_options=node_options)
+                     node_options: dict[str, Any] | None = None, batch: int = 1) -> dict[str, Any]:
+    cluster = _cluster(os.path.join(root, "http" if batch == 1 else "http-batch"), replicas, config_path, fsync,
+                       http=True, node_options=node_options)
     cluster.start_all()
     try:
         await cluster.await_ready(timeout_s=READY_TIMEOUT_S)
         endpoints = [("127.0.0.1", p) for p in cluster.http_ports]
         await wait_http_ready(endpoints, cluster, READY_TIMEOUT_S)
+        # with batch > 1: as many operations in flight as with one per request
+        clients = max(1, clients // batch)
         conns = [HTTPConn(*endpoints[i % len(endpoints)]) for i in range(clients)]
         free = list(conns)
 
-        async def one_op(kind: str, arg: Any) -> tuple[int, Any]:
+        async def one_op(kind: str, arg: Any) -> Any:
             conn = free.pop()
             try:
                 async with asyncio.timeout(OP_TIMEOUT_S):
+                    if kind == "batch":  # POST /v1/batch: several operations, one answer each
+                        reqs = [{"op": "allocate", "group": a, "wait": False} if k == "allocate" else
+                                {"op": "release", "group": a} for k, a in arg]
+                        status, body = await conn.request(
+                            "POST", "/v1/batch", json.dumps({"requests": reqs}, separators=(",", ":")).encode())
+                        if status != 200:
+                            return [(status, body)] * len(arg)
+                        return [(r["status"], r["body"]) for r in body["results"]]
                     if kind == "allocate":
                         body = json.dumps({"group": arg, "wait": False}, separators=(",", ":")).encode()
                         return await conn.request("POST", "/v1/groups", body)
@@ -394,7 +422,8 @@ async def bench_http(root: str, config_path: str, *, replicas: int, nodes: int, 
             pids: dict[str, int | None] = {"load generator": None}
             pids.update({f"replica {i}": p.pid for i, p in cluster.procs.items()})
             out = await drive(one_op, w, clients=clients, seconds=seconds, warmup=warmup, progress=progress,
-                              label="http", cpu=cpu_sampler(pids))
+                              label="http" if batch == 1 else "http-batch", cpu=cpu_sampler(pids), batch=batch)
+            out["ops_per_request"] = batch
         finally:
             for c in conns:
                 c.close()
@@ -467,6 +496,8 @@ async def bench_embedded(root: str, config_path: str, *, replicas: int, nodes: i
         _check_alive(cluster)
         out["replicas"] = replicas
         out["is_sequencer"] = sched.is_sequencer
+        stats = sched.service.stats if sched.service is not None else {}
+        out["batches"] = {"log_entries": stats.get("batches", 0), "commands": stats.get("batched_commands", 0)}
         out["digests"] = await _digests_embedded(sched, others)
         return out
     finally:
@@ -527,6 +558,8 @@ async def run_bench(*, modes: tuple[str, ...] = MODES, replicas: int = 3, nodes:
                 m = await bench_embedded(root, config_path, **common)
             elif mode == "http":
                 m = await bench_http(root, config_path, **common)
+            elif mode == "http-batch":
+                m = await bench_http(root, config_path, **common, batch=HTTP_BATCH)
             else:
                 raise BenchError(f"unknown mode {mode!r} ({', '.join(MODES)})")
             result["modes"][mode] = m
@@ -552,6 +585,9 @@ def _describe_mode(mode: str, replicas: int, clients: int, nodes: int, machine_o
     if mode == "embedded":
         return (f"replica 0 in this process + {replicas - 1} cellar serve processes, "
                 f"{clients} concurrent callers of EmbeddedScheduler")
+    if mode == "http-batch":
+        return (f"{replicas} cellar serve --http processes, {clients} keep-alive HTTP connections, "
+                f"{HTTP_BATCH} operations per POST /v1/batch")
     return f"{replicas} cellar serve --http processes, {clients} keep-alive HTTP connections"
 
 
@@ -559,12 +595,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"{result['nodes']} nodes / {result['gpus']} GPUs, {result['vcs']} VCs, {result['replicas']} replicas, "
              f"{result['clients']} clients, {result['seconds']:g} s per mode, fsync={result['fsync']}, "
              f"{result['cpus']} CPUs, load average {result['load_avg_before']} -> {result['load_avg_after']}",
-             f"  {'mode':9s} {'ops/s':>9s} {'allocs/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
+             f"  {'mode':10s} {'ops/s':>9s} {'allocs/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
              f"{'errors':>7s} {'vs machine':>10s} {'CPU ms/op':>10s} {'cores':>6s}"]
     ratios = result.get("ratio_to_machine", {})
     for mode, m in result["modes"].items():
         ratio = f"{ratios[mode]:.3f}x" if mode in ratios else "1x"
-        lines.append(f"  {mode:9s} {m['ops_per_s']:>9.0f} {m['allocations_per_s']:>9.0f} {m['p50_ms']:>8.2f} "
+        lines.append(f"  {mode:10s} {m['ops_per_s']:>9.0f} {m['allocations_per_s']:>9.0f} {m['p50_ms']:>8.2f} "
                      f"{m['p99_ms']:>8.2f} {m['max_ms']:>8.2f} {m['errors']:>7d} {ratio:>10s} "
                      f"{_num(m.get('cpu_ms_per_op')):>10s} {_num(m.get('cpu_cores_used')):>6s}")
     return lines

@@ -40,18 +40,30 @@ OPPORTUNISTIC_PRIORITY = -1
 MAX_GUARANTEED_PRIORITY = 1000
 
 
+ID_BITS = 32
+ID_MASK = (1 << ID_BITS) - 1
+
+
+def ckey(count: int, cid: int) -> int:
+    """The index key of ``(count, id)``: one int, ``count << 32 | id``, so the indexes
+    sort and bisect on int comparisons (tuples compared element by element cost several
+    times more); the order is the tuples' (counts are >= 0, ids < 2**32)."""
+    return count << ID_BITS | cid
+
+
 class KeyIndex:
-    """A sorted list of ``(count, id)`` keys; ids resolve through the owner's cell list."""
+    """A sorted list of ``ckey(count, id)`` keys; ids (``key & ID_MASK``) resolve
+    through the owner's cell list, counts are ``key >> ID_BITS``."""
 
     __slots__ = ("keys",)
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, int]] = []
+        self.keys: list[int] = []
 
-    def add(self, key: tuple[int, int]) -> None:
+    def add(self, key: int) -> None:
         insort(self.keys, key)
 
-    def remove(self, key: tuple[int, int]) -> None:
+    def remove(self, key: int) -> None:
         keys = self.keys
         i = bisect_left(keys, key)
         if i == len(keys) or keys[i] != key:
@@ -60,16 +72,25 @@ class KeyIndex:
 
     def first_at_least(self, count: int) -> int:
         """Position of the first key whose count is >= ``count``."""
-        return bisect_left(self.keys, (count, -1))
+        return bisect_left(self.keys, count << ID_BITS)
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
+def _rekey(keys: list[int], old: int, key: int) -> None:
+    """``KeyIndex.remove(old)`` then ``add(key)`` on the sorted ``keys``."""
+    i = bisect_left(keys, old)
+    if i == len(keys) or keys[i] != old:
+        raise AssertionError(f"key {old} missing from index")
+    del keys[i]
+    insort(keys, key)
+
+
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio",
     )
 
@@ -91,12 +112,12 @@ class PCell:
         self.leaves = chain.info.leaves_per_level[level - 1]
         self.vcell: VCell | None = None
         self.in_free = False
-        self.fkey: tuple[int, int] | None = None
+        self.fkey: int | None = None
         self.used = 0
         self.opp = 0
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
-        self.ikey: tuple[int, int] | None = None
+        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
 
@@ -107,7 +128,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "pcell", "free", "ikey", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -128,7 +149,7 @@ class VCell:
         self.leaves = info.leaves_per_level[level - 1]
         self.pcell: PCell | None = None
         self.free = self.leaves
-        self.ikey: tuple[int, int] | None = None
+        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
 
@@ -202,10 +223,10 @@ class Cluster:
         for chain in self.chains.values():
             for top in chain.tops:
                 self._free_add(top)
-                top.ikey = (top.oavail, top.id)
+                top.ikey = ckey(top.oavail, top.id)
                 chain.root_index.add(top.ikey)
             for n in chain.nodes:
-                n.ikey = (n.oavail, n.id)
+                n.ikey = ckey(n.oavail, n.id)
                 chain.node_index.add(n.ikey)
         for vc in config.virtual_clusters.values():
             scopes: dict[str, VScope] = {}
@@ -236,11 +257,11 @@ class Cluster:
             for scope in list(scopes.values()) + list(pinned.values()):
                 scope.node_leaves_max = max((c.leaves for c in scope.nodes), default=0)
                 for r in scope.roots:
-                    r.ikey = (r.free, r.id)
+                    r.ikey = ckey(r.free, r.id)
                     scope.root_index.add(r.ikey)
                 for c in scope.nodes:
                     if c.parent is not None:  # roots below node level are indexed as roots
-                        c.ikey = (c.free, c.id)
+                        c.ikey = ckey(c.free, c.id)
                     scope.node_index.add(c.ikey)  # type: ignore[arg-type]
 
     # -- construction -------------------------------------------------------------
@@ -262,6 +283,7 @@ class Cluster:
         c.children = [self._build_physical(s, chain, level - 1, c, node, c.in_pinned) for s in spec.children]
         if c.children:
             c.oavail = sum(ch.oavail for ch in c.children)  # pinned leaves below are not available
+        _static_lists(c, chain.info.node_level)
         return c
 
     def _build_virtual(self, scope: VScope, level: int, addr: str, parent: VCell | None) -> VCell:
@@ -278,13 +300,14 @@ class Cluster:
             c.children = [
                 self._build_virtual(scope, level - 1, f"{addr}/{i}", c) for i in range(info.child_numbers[level - 1])
             ]
+        _static_lists(c, info.node_level)
         return c
 
     # -- buddy free lists ----------------------------------------------------------
 
     def _free_add(self, c: PCell) -> None:
         c.in_free = True
-        c.fkey = (c.opp, c.id)
+        c.fkey = c.opp << ID_BITS | c.id
         c.chain.free[c.level].add(c.fkey)
 
     def _free_remove(self, c: PCell) -> None:
@@ -295,7 +318,7 @@ class Cluster:
 
     def free_rekey(self, c: PCell) -> None:
         """The ordering key of a free cell changed (its opportunistic usage)."""
-        if c.fkey != (c.opp, c.id):
+        if c.fkey != c.opp << ID_BITS | c.id:
             self._free_remove(c)
             self._free_add(c)
 
@@ -378,63 +401,85 @@ class Cluster:
         if v is not None:
             v.user = g
             v.prio = prio
-            c: VCell | None = v
-            while c is not None:
-                c.free -= 1
-                if c.parent is None:
-                    c.scope.free -= 1
-                    t.v[c] = None
-                elif c.nodeish:
-                    t.v[c] = None
-                c = c.parent
+            _virtual_up(v, -1, t.v)
         p.user = g
         p.prio = prio
-        opp = prio == OPPORTUNISTIC_PRIORITY
-        avail = p.bad == 0 and not p.in_pinned
-        q: PCell | None = p
-        while q is not None:
-            q.used += 1
-            if opp:
-                q.opp += 1
-                if q.in_free:
-                    t.f[q] = None
-            if avail:
-                q.oavail -= 1
-                if q.nodeish or q.parent is None:
-                    t.p[q] = None
-            q = q.parent
+        _physical_up(p, 1, prio == OPPORTUNISTIC_PRIORITY, p.bad == 0 and not p.in_pinned, t)
 
     def unuse_leaf(self, p: PCell, v: VCell | None, t: Touched) -> None:
         """Take leaf ``p`` (and its virtual leaf ``v``, then unbound) from its group."""
         if v is not None:
             v.user = None
             v.prio = FREE_PRIORITY
-            c: VCell | None = v
-            while c is not None:
-                c.free += 1
-                if c.parent is None:
-                    c.scope.free += 1
-                    t.v[c] = None
-                elif c.nodeish:
-                    t.v[c] = None
-                c = c.parent
+            _virtual_up(v, 1, t.v)
             self.unbind(v)
         opp = p.prio == OPPORTUNISTIC_PRIORITY
         p.user = None
         p.prio = FREE_PRIORITY
-        avail = p.bad == 0 and not p.in_pinned
-        q: PCell | None = p
-        while q is not None:
-            q.used -= 1
-            if opp:
-                q.opp -= 1
-                if q.in_free:
-                    t.f[q] = None
-            if avail:
-                q.oavail += 1
-                if q.nodeish or q.parent is None:
-                    t.p[q] = None
-            q = q.parent
+        _physical_up(p, -1, opp, p.bad == 0 and not p.in_pinned, t)
+
+    def use_pod(self, g: Group, pleaves: list[PCell], prio: int, vleaves: list[VCell] | None, t: Touched) -> None:
+        """``bind`` (when virtual) and ``use_leaf`` for each leaf of one pod: the same
+        state, but the cells from a leaf's node up are updated once for each run of
+        leaves under the same node rather than once per leaf."""
+        if vleaves is not None:
+            bind = self.bind
+            for v, p in zip(vleaves, pleaves):
+                bind(v, p)
+                v.user = g
+                v.prio = prio
+            _virtual_up_many(vleaves, -1, t.v)
+        opp = prio == OPPORTUNISTIC_PRIORITY
+        for p in pleaves:
+            p.user = g
+            p.prio = prio
+        _physical_up_many(pleaves, 1, opp, t)
+
+    def unuse_pod(self, pleaves: list[PCell | None], vleaves: list[VCell | None] | None, t: Touched) -> None:
+        """``unuse_leaf`` for every tracked (not None) leaf of one pod, in bulk as
+        ``use_pod``; leaf by leaf when its leaves are of mixed kinds."""
+        if vleaves is None:
+            pl = [p for p in pleaves if p is not None]
+            vl: list[VCell] = []
+        else:
+            pl = []
+            vl = []
+            for p, v in zip(pleaves, vleaves):
+                if p is not None:
+                    pl.append(p)
+                    if v is not None:
+                        vl.append(v)
+        if not pl:
+            return
+        opp = pl[0].prio == OPPORTUNISTIC_PRIORITY
+        if len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and vl) or \
+                any((p.prio == OPPORTUNISTIC_PRIORITY) is not opp for p in pl):
+            for i, p in enumerate(pleaves):
+                if p is not None:
+                    self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)
+            return
+        if vl:
+            for v in vl:
+                v.user = None
+                v.prio = FREE_PRIORITY
+            top = _virtual_up_many(vl, 1, t.v)
+            if top is not None and top.nodeish and len(vl) == len(top.leafs) and top.sub is not None:
+                # the pod held every leaf of its node cell: the whole subtree unbinds (as
+                # leaf by leaf would, each cell once its last child went), then the node
+                # cell itself and up as ``unbind`` goes
+                for x in top.sub[1:]:
+                    p = x.pcell
+                    x.pcell = None
+                    p.vcell = None
+                self.unbind(top)
+            else:
+                unbind = self.unbind
+                for v in vl:
+                    unbind(v)
+        for p in pl:
+            p.user = None
+            p.prio = FREE_PRIORITY
+        _physical_up_many(pl, -1, opp, t)
 
     def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
         """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user
@@ -499,31 +544,29 @@ class Cluster:
             self.bad_nodes.discard(node)
 
     def reindex(self, t: Touched) -> None:
+        # KeyIndex.remove / add inlined: this runs for every touched root and node of
+        # every command
         for v in t.v:
-            key = (v.free, v.id)
+            key = v.free << ID_BITS | v.id
             old = v.ikey
             if key != old:
                 assert old is not None
                 scope = v.scope
                 if v.parent is None:
-                    scope.root_index.remove(old)
-                    scope.root_index.add(key)
+                    _rekey(scope.root_index.keys, old, key)
                 if v.nodeish:
-                    scope.node_index.remove(old)
-                    scope.node_index.add(key)
+                    _rekey(scope.node_index.keys, old, key)
                 v.ikey = key
         for p in t.p:
-            key = (p.oavail, p.id)
+            key = p.oavail << ID_BITS | p.id
             old = p.ikey
             if key != old:
                 assert old is not None
                 chain = p.chain
                 if p.parent is None:
-                    chain.root_index.remove(old)
-                    chain.root_index.add(key)
+                    _rekey(chain.root_index.keys, old, key)
                 if p.nodeish:
-                    chain.node_index.remove(old)
-                    chain.node_index.add(key)
+                    _rekey(chain.node_index.keys, old, key)
                 p.ikey = key
         for p in t.f:
             if p.in_free:
@@ -563,6 +606,131 @@ class Cluster:
             "bad_leaf_cells": bad,
             "free_cells": {info.types[lvl - 1]: len(chain.free[lvl]) for lvl in range(info.top_level, 0, -1)},
         }
+
+
+def _virtual_up(c: VCell, d: int, tv: dict) -> None:
+    """``free`` += d on ``c`` and its ancestors (and the scope's at the root); roots and
+    node cells go to ``tv`` (their index keys may be stale)."""
+    while True:
+        c.free += d
+        parent = c.parent
+        if parent is None:
+            c.scope.free += d
+            tv[c] = None
+            return
+        if c.nodeish:
+            tv[c] = None
+        c = parent
+
+
+def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:
+    """``used`` += d on leaf ``q`` and its ancestors; with ``opp`` also ``opp`` += d
+    (free-list cells to ``t.f``); with ``avail`` also ``oavail`` -= d (tops and nodes to
+    ``t.p``)."""
+    if avail and not opp:  # the common case, in a loop of its own
+        tp = t.p
+        while True:
+            q.used += d
+            q.oavail -= d
+            parent = q.parent
+            if parent is None:
+                tp[q] = None
+                return
+            if q.nodeish:
+                tp[q] = None
+            q = parent
+    tf = t.f
+    tp = t.p
+    while q is not None:
+        q.used += d
+        if opp:
+            q.opp += d
+            if q.in_free:
+                tf[q] = None
+        if avail:
+            q.oavail -= d
+            if q.nodeish or q.parent is None:
+                tp[q] = None
+        q = q.parent
+
+
+def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> VCell | None:
+    """``_virtual_up(leaf, d)`` for each of ``leaves``: below its node cell each leaf
+    alone, from the node up once per run of leaves under the same node. Returns that
+    node cell (or the root above the leaves) when all leaves are under one, else None."""
+    top = None
+    n = 0
+    runs = 0
+    for c in leaves:
+        while not c.nodeish and c.parent is not None:
+            c.free += d
+            c = c.parent
+        if c is top:
+            n += 1
+            continue
+        if top is not None:
+            _virtual_up(top, n * d, tv)
+        top, n = c, 1
+        runs += 1
+    if top is not None:
+        _virtual_up(top, n * d, tv)
+    return top if runs == 1 else None
+
+
+def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> None:
+    """``_physical_up(leaf, d, opp, avail)`` for each of ``leaves`` (``avail`` its own:
+    healthy and outside pinned cells), from the node up once per run of leaves under
+    the same node with the same ``avail``."""
+    tf = t.f
+    top = None
+    n = 0
+    top_avail = False
+    for q in leaves:
+        avail = q.bad == 0 and not q.in_pinned
+        while not q.nodeish and q.parent is not None:
+            q.used += d
+            if opp:
+                q.opp += d
+                if q.in_free:
+                    tf[q] = None
+            if avail:
+                q.oavail -= d
+            q = q.parent
+        if q is top and avail is top_avail:
+            n += 1
+            continue
+        if top is not None:
+            _physical_up(top, n * d, opp, top_avail, t)
+        top, n, top_avail = q, 1, avail
+    if top is not None:
+        _physical_up(top, n * d, opp, top_avail, t)
+
+
+def _static_lists(c: Any, node_level: int) -> None:
+    """At or below the node level, a cell's leaf cells left to right (``leafs``) and
+    its subtree (``sub``, pre-order): the tree never changes once built, so placement
+    reads these instead of walking it. None above the node level (not needed: they
+    would cost memory and build time in proportion to the cluster) and on leaf cells
+    other than node cells (their parent lists them)."""
+    if c.level > node_level or (c.level == 1 and not c.nodeish):
+        c.leafs = None
+        c.sub = None
+        return
+    if c.level == 1:
+        c.leafs = [c]
+        c.sub = [c]
+        return
+    leafs: list[Any] = []
+    sub = [c]
+    for ch in c.children:
+        if ch.sub is None:  # a leaf cell
+            leafs.append(ch)
+            sub.append(ch)
+        else:
+            leafs += ch.leafs
+            sub += ch.sub
+    c.leafs = leafs
+    c.sub = sub
 
 
 class Touched:

@@ -32,7 +32,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduler_state.cells import FREE_PRIORITY, OPPORTUNISTIC_PRIORITY, PCell, VCell, safety_shortfall
+from scheduler_state.cells import (
+    FREE_PRIORITY,
+    ID_BITS,
+    ID_MASK,
+    OPPORTUNISTIC_PRIORITY,
+    PCell,
+    VCell,
+    ckey,
+    safety_shortfall,
+)
 
 if TYPE_CHECKING:
     from scheduler_state.machine import SchedulerStateMachine
@@ -153,7 +162,8 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
         for top in chain.tops:
             _maximal_free(top, expect)
         want = sorted((c.level, c.id) for c in expect)
-        have = sorted((lvl, key[1]) for lvl in range(1, chain.info.top_level + 1) for key in chain.free[lvl].keys)
+        have = sorted((lvl, key & ID_MASK) for lvl in range(1, chain.info.top_level + 1)
+                      for key in chain.free[lvl].keys)
         if want != have:
             _err(out, f"chain {name}: free lists {have[:8]}... differ from maximal unbound cells {want[:8]}...")
         for lvl in range(1, chain.info.top_level + 1):
@@ -161,9 +171,10 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
             if keys != sorted(keys):
                 _err(out, f"chain {name}: free list at level {lvl} is not sorted")
             for key in keys:
-                c = cl.pcells[key[1]]
-                if not c.in_free or c.fkey != key or key[0] != c.opp or c.level != lvl:
-                    _err(out, f"chain {name}: free-list entry {key} disagrees with cell {c.addr}")
+                c = cl.pcells[key & ID_MASK]
+                if not c.in_free or c.fkey != key or key >> ID_BITS != c.opp or c.level != lvl:
+                    _err(out, f"chain {name}: free-list entry {(key >> ID_BITS, key & ID_MASK)} disagrees with "
+                              f"cell {c.addr}")
         demand = [0] * (chain.info.top_level + 1)
         for vc in cl.vc_scopes:
             scope = cl.vc_scopes[vc].get(name)
@@ -229,19 +240,19 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
     for chain in cl.chains.values():
         for top in chain.tops:
             prec(top)
-        want = sorted((c.oavail, c.id) for c in chain.tops)
+        want = sorted(ckey(c.oavail, c.id) for c in chain.tops)
         if chain.root_index.keys != want:
             _err(out, f"chain {chain.info.name}: top-cell index out of date")
-        want = sorted((c.oavail, c.id) for c in chain.nodes)
+        want = sorted(ckey(c.oavail, c.id) for c in chain.nodes)
         if chain.node_index.keys != want:
             _err(out, f"chain {chain.info.name}: node index out of date")
     for vc in sorted(cl.vc_scopes):
         for scope in cl.scopes_of(vc):
             for r in scope.roots:
                 vrec(r)
-            if scope.root_index.keys != sorted((r.free, r.id) for r in scope.roots):
+            if scope.root_index.keys != sorted(ckey(r.free, r.id) for r in scope.roots):
                 _err(out, f"scope {scope.key}: root index out of date")
-            if scope.node_index.keys != sorted((n.free, n.id) for n in scope.nodes):
+            if scope.node_index.keys != sorted(ckey(n.free, n.id) for n in scope.nodes):
                 _err(out, f"scope {scope.key}: node index out of date")
 
 

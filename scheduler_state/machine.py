@@ -370,12 +370,8 @@ class SchedulerStateMachine:
             vcg.pop(g.name, None)
 
     def _free_pod(self, pod: Pod, t: Touched) -> None:
-        cl = self.cluster
         vl = pod.vleaves
-        for i, p in enumerate(pod.pleaves):
-            if p is None:
-                continue
-            cl.unuse_leaf(p, vl[i] if vl is not None else None, t)
+        self.cluster.unuse_pod(pod.pleaves, vl, t)
         pod.pleaves = [None] * len(pod.pleaves)
         if vl is not None:
             pod.vleaves = [None] * len(vl)
@@ -470,10 +466,11 @@ class SchedulerStateMachine:
             placer = physical_placer(sugg)
             keys = chain.node_index.keys
 
-            def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[PCell]:
+            def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
                 return list(indexed_roots(keys, cl.pcells, kmin))
 
-            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods)
+            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
+                                 (keys, cl.pcells))
             if found is None:
                 continue
             if mode == "dry":
@@ -484,8 +481,7 @@ class SchedulerStateMachine:
             g = Group(req, seq, chain.info.name)
             t = Touched()
             for k, leaves in zip(pods, found):
-                for p in leaves:
-                    cl.use_leaf(g, p, OPPORTUNISTIC_PRIORITY, None, t)
+                cl.use_pod(g, leaves, OPPORTUNISTIC_PRIORITY, None, t)
                 g.pods.append(Pod(k, [(p.node, p.leaf_index, None) for p in leaves], list(leaves), None))
             cl.reindex(t)
             self._add_group(g)
@@ -509,8 +505,9 @@ class SchedulerStateMachine:
                     roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
                     keys = scope.node_index.keys
 
-                    def spread(kmin: int, keys: list[tuple[int, int]] = keys) -> list[VCell]:
+                    def spread(kmin: int, keys: list[int] = keys) -> list[VCell]:
                         return list(indexed_roots(keys, cl.vcells, kmin))
+                    sindex: Any = (keys, cl.vcells)
                 else:
                     lower = []
                     for g in self.vc_groups[req.vc].values():
@@ -527,7 +524,8 @@ class SchedulerStateMachine:
 
                     def spread(kmin: int, scope: VScope = scope) -> list[VCell]:
                         return scope.nodes
-                found = placer.place(roots, spread, pods)
+                    sindex = None
+                found = placer.place(roots, spread, pods, sindex)
                 if found is None:
                     continue
                 outcome = self._realize(req, seq, scope, found, sugg, mode)
@@ -561,8 +559,9 @@ class SchedulerStateMachine:
         failure = None
         for leaves in vplace:
             row = []
-            for v in leaves:
-                p = plan.physical(v)
+            fast = plan.full_node(leaves) if len(leaves) > 1 else None
+            for i, v in enumerate(leaves):
+                p = fast[i] if fast is not None else plan.physical(v)
                 if p is None:
                     failure = plan.failure
                 elif p.bad:
@@ -611,9 +610,7 @@ class SchedulerStateMachine:
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
         for k, vleaves, pleaves in zip(req.pods, vplace, pplace):
-            for v, p in zip(vleaves, pleaves):
-                cl.bind(v, p)
-                cl.use_leaf(g, p, prio, v, t)
+            cl.use_pod(g, pleaves, prio, vleaves, t)
             g.pods.append(Pod(k, [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)],
                               list(pleaves), list(vleaves)))
         cl.reindex(t)
@@ -976,12 +973,16 @@ class SchedulerStateMachine:
     def _group_view(self, g: Group) -> dict[str, Any]:
         placement = []
         for pod in g.pods:
-            tracked = [(node, idx) for (node, idx, _), p in zip(pod.devices, pod.pleaves) if p is not None]
+            devices, pleaves = pod.devices, pod.pleaves
+            if len(devices) == len(pleaves):
+                ignored = pleaves.count(None)
+            else:
+                ignored = len(devices) - sum(1 for _, p in zip(devices, pleaves) if p is not None)
             placement.append({
                 "leaf_cell_number": pod.k,
-                "node": pod.devices[0][0] if pod.devices else None,
-                "leaf_cells": [idx for _, idx, _ in pod.devices],
-                "ignored_leaf_cells": len(pod.devices) - len(tracked),
+                "node": devices[0][0] if devices else None,
+                "leaf_cells": [d[1] for d in devices],
+                "ignored_leaf_cells": ignored,
                 "released": pod.released,
             })
         view: dict[str, Any] = {

@@ -30,7 +30,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler_state.cells import Cluster, PCell, PChain, VCell, VScope
+from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope
 
 Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
 
@@ -46,8 +46,13 @@ class Placer:
         self.node_ok = node_ok
 
     def place(self, roots: Iterable[Cell], spread_nodes: Callable[[int], list[Cell]],
-              pods: Sequence[int]) -> list[list[Cell]] | None:
-        """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them."""
+              pods: Sequence[int], spread_index: tuple[list[int], list[Cell]] | None = None) -> list[list[Cell]] | None:
+        """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them.
+
+        ``spread_index``: the up-to-date node index (``cells.KeyIndex`` keys and the
+        cell list they resolve in) whose counts are this placer's own when nothing is
+        picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
+        reads the index's order instead of counting and sorting the nodes again."""
         order = sorted(range(len(pods)), key=lambda i: (-pods[i], i))
         sizes = [pods[i] for i in order]
         total = sum(sizes)
@@ -57,7 +62,10 @@ class Placer:
             if found is not None:
                 break
         if found is None and len(sizes) > 1:
-            found = self._spread(spread_nodes(sizes[-1]), sizes)
+            if spread_index is not None and not self.delta:  # a failed search picks nothing
+                found = self._spread_indexed(spread_index[0], spread_index[1], sizes)
+            else:
+                found = self._spread(spread_nodes(sizes[-1]), sizes)
         if found is None:
             return None
         out: list[list[Cell]] = [[] for _ in pods]
@@ -139,6 +147,30 @@ class Placer:
             out.append(leaves)
         return out
 
+    def _spread_indexed(self, index_keys: list[int], cells: list[Cell], sizes: list[int]) -> list[list[Cell]] | None:
+        """``_spread`` over the nodes of an index with count >= the smallest pod, when
+        the index's counts are this placer's (nothing picked yet): the same choice, the
+        keys already in (count, id) order."""
+        node_ok = self.node_ok
+        keys = [key for key in index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
+                if node_ok(cells[key & ID_MASK])]
+        chosen = []
+        for k in sizes:
+            i = bisect_left(keys, k << ID_BITS)
+            if i == len(keys):
+                return None
+            key = keys.pop(i)
+            have = key >> ID_BITS
+            chosen.append(cells[key & ID_MASK])
+            if have > k:
+                insort(keys, (have - k) << ID_BITS | key & ID_MASK)
+        out = []
+        for k, n in zip(sizes, chosen):
+            leaves: list[Cell] = []
+            self._pick(n, k, leaves)
+            out.append(leaves)
+        return out
+
     def _pick(self, c: Cell, k: int, out: list[Cell]) -> None:
         """Take ``k`` available leaves under ``c``, as close together as possible."""
         cnt = self.cnt
@@ -171,6 +203,23 @@ class Placer:
 
     def _take_all(self, c: Cell, out: list[Cell]) -> None:
         cnt = self.cnt
+        leafs = c.leafs
+        if leafs is not None and cnt(c) == len(leafs):
+            # every leaf below c is available (each counts at most one): all of them,
+            # in the order the walk below would find them; each cell of c's subtree
+            # gets all its leaves picked, each ancestor len(leafs)
+            delta = self.delta
+            get = delta.get
+            for x in c.sub:
+                xl = x.leafs
+                delta[x] = get(x, 0) + (len(xl) if xl is not None else 1)  # None: a leaf cell
+            k = len(leafs)
+            a = c.parent
+            while a is not None:
+                delta[a] = get(a, 0) + k
+                a = a.parent
+            out.extend(leafs)
+            return
         stack = [c]
         found = []
         while stack:
@@ -262,11 +311,11 @@ def _virtual_node_ok(suggested: frozenset[str] | None) -> Callable[[VCell], bool
     return ok
 
 
-def indexed_roots(index_keys: list[tuple[int, int]], cells: list[Any], total: int) -> Iterable[Any]:
-    """Cells of a (count, id) index with count >= total, fewest first."""
-    i = bisect_left(index_keys, (total, -1))
+def indexed_roots(index_keys: list[int], cells: list[Any], total: int) -> Iterable[Any]:
+    """Cells of a (count, id) index (``cells.ckey``) with count >= total, fewest first."""
+    i = bisect_left(index_keys, total << ID_BITS)
     for j in range(i, len(index_keys)):
-        yield cells[index_keys[j][1]]
+        yield cells[index_keys[j] & ID_MASK]
 
 
 def counted_roots(roots: list[Any], cnt: Callable[[Any], int], total: int) -> list[Any]:
@@ -347,6 +396,34 @@ class MapPlan:
         self.taken.add(p.id)
         return p
 
+    def full_node(self, leaves: list[VCell]) -> list[PCell] | None:
+        """The physical leaves for ``leaves`` when they are every leaf of one unbound,
+        unplanned virtual node cell whose physical cell is wholly unbound, untaken and
+        free of opportunistic users: then ``physical`` would pick, leaf after leaf,
+        each cell's first available child, i.e. the physical subtree cell by cell in
+        the same position. None when that does not hold (``physical`` leaf by leaf then
+        gives the same answer as ever: what this did, planning the node cell, is what
+        its first leaf would have done first)."""
+        v = leaves[0]
+        while not v.nodeish and v.parent is not None:
+            v = v.parent
+        if v.pcell is not None or v in self.plan or v.sub is None or v.leafs != leaves:
+            return None
+        p = self.physical(v)
+        if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
+            return None
+        taken = self.taken
+        psub = p.sub
+        for x in psub:
+            if x is not p and (x.vcell is not None or x.id in taken):
+                return None
+        plan = self.plan
+        for x, y in zip(v.sub, psub):
+            if x is not v:
+                plan[x] = y
+                taken.add(y.id)
+        return p.leafs
+
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
         pcells = self.cluster.pcells
         removed = self.removed
@@ -357,9 +434,10 @@ class MapPlan:
             # Free cells are ordered by (opportunistic users, id): the first usable one
             # is the best unless bad or non-suggested cells must be skipped.
             for key in chain.free[lvl].keys:
-                if key[1] in removed:
+                cid = key & ID_MASK
+                if cid in removed:
                     continue
-                c = pcells[key[1]]
+                c = pcells[cid]
                 r = self._rank(c)
                 if best_rank is None or r < best_rank:
                     best, best_rank = c, r

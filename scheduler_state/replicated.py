@@ -25,6 +25,14 @@ as read-only. Reads without the flag (the embedding API) always get a fresh obje
 The cache is outside the state (snapshot, digest) and never changes a result: a read
 answered from it is the read computed on the same state.
 
+**Batches**: ``{"op": "batch", "commands": [C1, C2, ...]}`` (at most ``BATCH_MAX``)
+carries several commands in one log entry; a replica's service coalesces the calls
+that arrive together (``store.scheduler_service``). Each ``Ci`` is applied on its own,
+in order, with its own result, exactly as if it held the next slot: atomic alone, not
+with the others (one that fails changes nothing and the rest still apply). The result
+is ``{"ok": True, "results": [R1, R2, ...]}``; the observer sees each ``Ci`` (they share
+the log entry's position). A batch inside a batch is refused (its own result).
+
 Before ``init`` commits, every other command answers ``{"ok": False, "uninitialized":
 True, "error": ...}`` and changes nothing.
 
@@ -47,6 +55,8 @@ from scheduler_state.config import Config, ConfigError, load_config
 from scheduler_state.machine import READ_OPS, SCHEDULER_KEY, SchedulerStateMachine, _canonical
 
 FORMAT = 1
+BATCH = "batch"  # several commands in one log entry (module docstring)
+BATCH_MAX = 256
 SHARED = "shared"  # an inspect read that may share a cached result (module docstring)
 _SHARED_VIEWS_MAX = 64  # distinct (view, name) results kept between two state changes
 NOT_INITIALIZED = "scheduler not initialized: no config committed yet (the first init in the log sets it)"
@@ -82,6 +92,8 @@ class ReplicatedScheduler:
         self._shared.clear()
 
     def apply(self, command: Any) -> Any:
+        if type(command) is dict and command.get("op") == BATCH:
+            return self._apply_batch(command)
         observer = self.observer
         if observer is None:
             return self._apply(command)
@@ -90,6 +102,27 @@ class ReplicatedScheduler:
         result = self._apply(command)
         observer(command, result, timer() - t0 if timer is not None else 0)
         return result
+
+    def _apply_batch(self, command: dict[str, Any]) -> Any:
+        """Several commands in one log entry (module docstring, "Batches"): each applied
+        on its own, in order, exactly as if they held consecutive slots."""
+        commands = command.get("commands")
+        if type(commands) is not list or not commands or len(commands) > BATCH_MAX:
+            return {"ok": False, "error": f"commands must be a list of 1..{BATCH_MAX} commands"}
+        observer = self.observer
+        timer = self.timer
+        results = []
+        for sub in commands:
+            if type(sub) is dict and sub.get("op") == BATCH:
+                result: Any = {"ok": False, "error": "a batch cannot hold a batch"}
+            elif observer is None:
+                result = self._apply(sub)
+            else:
+                t0 = timer() if timer is not None else 0
+                result = self._apply(sub)
+                observer(sub, result, timer() - t0 if timer is not None else 0)
+            results.append(result)
+        return {"ok": True, "results": results}
 
     def _apply(self, command: Any) -> Any:
         if isinstance(command, dict) and command.get("op") in READ_OPS:

@@ -46,9 +46,12 @@ import os
 import time
 from typing import Any
 
+import msgpack
+
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node
 from scheduler_state.events import events_of
+from scheduler_state.replicated import BATCH
 
 log = logging.getLogger("cellar.scheduler")
 
@@ -58,6 +61,8 @@ LEASE_CHECK_S = 1.0
 SESSIONS_MAX = 4096  # concurrent calls per replica; more wait for a session
 FEED_HISTORY_MAX = 10_000  # events kept for subscribers resuming after a position
 FEED_QUEUE_MAX = 10_000  # events a subscriber may fall behind before it gets FeedGap
+BATCH_MAX = 64  # writes coalesced into one log entry (call)
+BATCH_BYTES_MAX = 256 << 10  # and their encoded size, well under clientwire.MAX_COMMAND_BYTES
 
 
 class ConfigMismatch(Exception):
@@ -130,7 +135,8 @@ class Feed:
 
 class SchedulerService:
     def __init__(self, node: Node, config: Any, config_path: str = "--hived-config", *,
-                 call_timeout_s: float = CALL_TIMEOUT_S, lease_check_s: float = LEASE_CHECK_S) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S, lease_check_s: float = LEASE_CHECK_S,
+                 coalesce: bool = True) -> None:
         from scheduler_state.replicated import config_hash, init_command
 
         self.node = node
@@ -147,10 +153,16 @@ class SchedulerService:
         self._session_sem = asyncio.Semaphore(SESSIONS_MAX)
         self._nonce = f"{os.getpid():x}.{time.time_ns() & 0xFFFFFFFFFF:x}"
         self._tasks: list[asyncio.Task] = []
-        self.stats = {"calls": 0, "timeouts": 0, "refused_no_quorum": 0, "lease_expire_proposed": 0}
+        self.stats = {"calls": 0, "timeouts": 0, "refused_no_quorum": 0, "lease_expire_proposed": 0,
+                      "batches": 0, "batched_commands": 0}
+        self.coalesce = coalesce  # writes of one loop turn share a log entry (call)
+        self._queue: list[tuple[Any, int, asyncio.Future]] = []
+        self._flush_scheduled = False
+        self._senders: set[asyncio.Task] = set()
         from store.metrics import SchedulerMetrics
 
         self.metrics = SchedulerMetrics(self)
+        self._applied_children: dict[tuple, Any] = {}  # (op, outcome) -> labelled counter
         self._history: collections.deque = collections.deque()
         # every event of a command at position >= _history_from is in _history (None: unknown)
         self._history_from: int | None = node.replica.executor.applied + 1
@@ -169,7 +181,9 @@ class SchedulerService:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for t in list(self._senders):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._senders, return_exceptions=True)
         machine = self.node.machine
         if getattr(machine, "observer", None) == self._observe:
             machine.observer = None
@@ -181,7 +195,7 @@ class SchedulerService:
     def _observe(self, command: Any, result: Any, apply_ns: int) -> None:
         """``ReplicatedScheduler.observer``: runs inside apply, so it must never raise."""
         try:
-            self.metrics.applied(command, result, apply_ns)
+            self._count_applied(command, result, apply_ns)
             if command is None:  # a snapshot replaced the state: the history breaks here
                 self._history.clear()
                 self._history_from = None
@@ -204,6 +218,30 @@ class SchedulerService:
                 f._push(events)
         except Exception:  # pragma: no cover - a bug here must not stop the replica
             log.exception("scheduler observer failed")
+
+    def _count_applied(self, command: Any, result: Any, apply_ns: int) -> None:
+        """``SchedulerMetrics.applied`` with the labelled counters looked up once per
+        (op, outcome) rather than once per command (it runs for every command on every
+        replica: prometheus-client's ``labels`` was most of the observer's time)."""
+        if command is None:
+            return  # a restore
+        op = command.get("op") if type(command) is dict else None
+        if type(op) is not str:
+            op = None  # "other", and always hashable
+        if type(result) is dict:
+            outcome = "ok" if result.get("ok") else "waiting" if result.get("waiting") else "error"
+        else:
+            outcome = "error"
+        key = (op, outcome)
+        child = self._applied_children.get(key)
+        if child is None:
+            from store.metrics import OPS
+
+            child = self.metrics.commands.labels(op if op in OPS else "other", outcome)
+            if len(self._applied_children) < 256:  # bounded: unknown ops all map to "other"
+                self._applied_children[key] = child
+        child.inc()
+        self.metrics.apply_seconds.observe(apply_ns / 1e9)
 
     def subscribe(self, after: int | None = None, queue_max: int = FEED_QUEUE_MAX) -> Feed:
         """A ``Feed`` of the events committed from now on, or, with ``after``, of the
@@ -301,7 +339,80 @@ class SchedulerService:
                               f"fewer than a majority ({node.quorum}); try another replica", True)
 
     async def call(self, op: Any, read: bool = False) -> Any:
-        """Apply ``op`` through the log (or, ``read``, a linearizable read); its result."""
+        """Apply ``op`` through the log (or, ``read``, a linearizable read); its result.
+
+        Writes made in the same event-loop turn are coalesced into one log entry
+        (``{"op": "batch", ...}``, ``scheduler_state.replicated``): each is still its
+        own command, applied alone with its own result, and each caller is answered
+        only once the entry is applied here."""
+        self._check_serving()
+        if read or not self.coalesce:
+            return await self._call_one(op, read)
+        try:
+            size = len(msgpack.packb(op, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError):
+            size = BATCH_BYTES_MAX  # the node refuses it alone, as before
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.append((op, size, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        """Send the writes queued in this loop turn: one log entry per run of up to
+        ``BATCH_MAX`` commands and ``BATCH_BYTES_MAX`` bytes (a lone one as itself)."""
+        self._flush_scheduled = False
+        queue, self._queue = self._queue, []
+        i = 0
+        while i < len(queue):
+            j = i + 1
+            total = queue[i][1]
+            while j < len(queue) and j - i < BATCH_MAX and total + queue[j][1] <= BATCH_BYTES_MAX:
+                total += queue[j][1]
+                j += 1
+            chunk = queue[i:j]
+            i = j
+            task = asyncio.get_running_loop().create_task(self._send(chunk))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+
+    async def _send(self, chunk: list) -> None:
+        if len(chunk) == 1:
+            op = chunk[0][0]
+        else:
+            op = {"op": BATCH, "commands": [c[0] for c in chunk]}
+            self.stats["batches"] += 1
+            self.stats["batched_commands"] += len(chunk)
+        try:
+            result = await self._call_one(op, False)
+        except Unavailable as e:
+            for _, _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(Unavailable(str(e), e.definite))
+            return
+        except BaseException as e:  # noqa: BLE001 - every caller must hear of it
+            for _, _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(Unavailable(f"internal error: {type(e).__name__}: {e}", False))
+            if not isinstance(e, Exception):  # cancelled (stopping): after answering
+                raise
+            return
+        if len(chunk) == 1:
+            if not chunk[0][2].done():
+                chunk[0][2].set_result(result)
+            return
+        results = result.get("results") if isinstance(result, dict) else None
+        if not isinstance(results, list) or len(results) != len(chunk):
+            # not applied as a batch (refused whole): every command had that answer
+            results = [result] * len(chunk)
+        for (_, _, fut), r in zip(chunk, results):
+            if not fut.done():
+                fut.set_result(r)
+
+    async def _call_one(self, op: Any, read: bool) -> Any:
+        """One log entry (or read) through ``Node.submit``, bounded by ``call_timeout_s``."""
         self._check_serving()
         kind = clientwire.READ if read else clientwire.CALL
         async with self._session_sem:

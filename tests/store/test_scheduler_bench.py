@@ -18,22 +18,24 @@ def cellar(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_bench_scheduler_runs_every_mode_and_reports_sane_figures():
     r = cellar("bench", "--machine", "scheduler", "--nodes", "64", "--vcs", "2", "--seconds", "1",
-               "--warmup", "0.3", "--clients", "8", "--machine-ops", "500", "--json")
+               "--warmup", "0.3", "--clients", "8", "--machine-ops", "500", "--json",
+               "--modes", "machine,embedded,http,http-batch")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["nodes"] == 64 and out["gpus"] == 512 and out["replicas"] == 3
-    assert list(out["modes"]) == ["machine", "embedded", "http"]
+    assert list(out["modes"]) == ["machine", "embedded", "http", "http-batch"]
     for mode, m in out["modes"].items():
         assert m["ops"] > 0 and m["ops_per_s"] > 0, (mode, m)
         assert m["allocations"] + m["releases"] == m["ops"], (mode, m)
         assert 0 < m["p50_ms"] <= m["p99_ms"] <= m["max_ms"], (mode, m)
         assert m["errors"] == 0, (mode, m)
-    for mode in ("embedded", "http"):
+    assert out["modes"]["http-batch"]["ops_per_request"] > 1
+    for mode in ("embedded", "http", "http-batch"):
         m = out["modes"][mode]
         assert m["placed"] > 0 and m["digests"]["equal"], (mode, m)
         assert len(m["digests"]["replicas"]) == 3
         assert m["cpu_ms_per_op"] > 0
-    assert set(out["ratio_to_machine"]) == {"embedded", "http"}
+    assert set(out["ratio_to_machine"]) == {"embedded", "http", "http-batch"}
     assert "http" in r.stderr and "ops/s" in r.stderr  # the progress lines (stdout holds the JSON only)
     lines = summary_lines(out)
     assert any(line.split()[0] == "http" for line in lines[2:])
