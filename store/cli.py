@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.cluster_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side."),
     "status": ("store.admin_cli:status", "Each replica's role, view, sequencer, executed slot and digest."),
     "sequencer": ("store.admin_cli:sequencer", "Move the sequencer: sequencer transfer --to ID."),
-    "kv": ("store.kv_cli:kv", "Keys and values: kv put|get|del|txn (client ports, --endpoints)."),
+    "kv": ("store.kv_cli:kv", "Keys and values: kv put|get|del|txn (client ports), kv watch (HTTP ports)."),
     "lease": ("store.kv_cli:lease", "Leases on keys: lease grant|keepalive|revoke|timetolive|list."),
 }
 

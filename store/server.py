@@ -463,7 +463,8 @@ def free_ports(count: int) -> list[int]:
 @click.option("--replicas", type=click.IntRange(3, 31), default=3, show_default=True,
               help="An odd number of replicas: 3, 5, 7, ...")
 @click.option("--dir", "root", type=click.Path(file_okay=False), help="Folder for data dirs and logs (default: a new temp dir).")
-@click.option("--base-port", type=int, default=7000, show_default=True, help="Peers on BASE+i, clients on BASE+100+i.")
+@click.option("--base-port", type=int, default=7000, show_default=True,
+              help="Peers on BASE+i, clients on BASE+100+i, HTTP on BASE+200+i.")
 @click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]), default="sdpaxos", show_default=True)
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
 def up(replicas, root, base_port, protocol, fsync) -> None:
@@ -471,7 +472,7 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
     if replicas % 2 == 0:
         raise click.BadParameter(f"{replicas}: a cluster has an odd number of replicas (3, 5, 7, ...)", param_hint="--replicas")
     root = root or tempfile.mkdtemp(prefix="cellar-up-")
-    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync)
+    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync, http=True)
     cluster.start_all()
     try:
         cluster.wait_ready()
@@ -482,8 +483,10 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
     click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}); data and logs in {root}")
     for i in range(replicas):
         click.echo(f"  node {i}: pid {cluster.procs[i].pid}, clients 127.0.0.1:{cluster.client_ports[i]}, "
-                   f"peers 127.0.0.1:{cluster.peer_ports[i]}")
+                   f"peers 127.0.0.1:{cluster.peer_ports[i]}, http 127.0.0.1:{cluster.http_ports[i]}")
     addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
+    https = ",".join(f"127.0.0.1:{p}" for p in cluster.http_ports)
+    click.echo(f"Use it: cellar kv put k v --endpoints {addrs}; cellar kv watch k --endpoints {https}")
     click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
     click.echo(f"Look at it: cellar status --endpoints {addrs}")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
