@@ -18,7 +18,9 @@ command there. The judge's ``consistent`` and ``agreement`` break (no client saw
 it: the reply waited for the sync). SDPaxos N = 1 does not run at all (every
 instance blocks; ``_fetch_missing`` divides by zero), so only Multi-Paxos shows it.
 
-The other tests are points that hold.
+Both fixed in cbd337e: a slot accepted anew drops the durable prefix to it
+(``_accepted``), and a cluster has an odd number of replicas from three. The other
+tests are points that hold.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ def replica(n: int, me: int, seq: int, records=None) -> SDPaxosReplica:
 # --- hole 1: o_durable survives a view change ----------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="review 10 hole 1: o_durable is not reset by _take_office/_reset_prefix; "
-                   "a re-elected sequencer counts its unsynced re-proposals (latent: no driver lets the ack overtake)")
 def test_a_reelected_sequencer_counts_its_own_unsynced_reproposal_only_once_durable():
     r = replica(3, me=0, seq=0)
     v = r.view
@@ -67,29 +67,12 @@ def test_a_reelected_sequencer_counts_its_own_unsynced_reproposal_only_once_dura
 # --- hole 2: Multi-Paxos N = 1 ----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=RuleBroken,
-                   reason="review 10 hole 2: Multi-Paxos N=1 executes a slot before its record is durable")
-def test_multipaxos_n1_executes_only_what_its_disk_holds():
-    cfg = SimConfig(protocol="multipaxos", replicas=1, rtt="lan", clients_per_site=0, seconds=3.0, disk_sync_ms=20.0)
-    sim = Simulation(cfg)
-    sim.run(until_ms=500)
-    replies = attach_clients(sim, 1)
-    r = sim.nodes[0]
-    r.propose(100, 1, ["put", "k", "X"])
-    sim._drain(0)
-    executed_before_sync = r.exec_slot
-    assert sim.sim_disks[0].unsynced > 0, "the slot's record is written, not synced"
-    sim.crash(0)  # before the sync: the record is lost
-    sim.run(until_ms=600)
-    sim.restart(0)
-    sim.run(until_ms=700)
-    sim.nodes[0].propose(100, 2, ["put", "k", "Y"])
-    sim._drain(0)
-    sim.run(until_ms=1500)
-    assert (100, 1, None) not in replies, "X was never acknowledged"
-    result = sim.check()
-    if executed_before_sync or not (result["consistent"] and result["agreement"]):
-        raise RuleBroken(f"executed {executed_before_sync} slot(s) before the sync; incarnations {sim.exec_logs}; {result}")
+def test_one_replica_is_refused():
+    """Holes 2 and the aside are closed by refusing N = 1 (cbd337e): a cluster has an
+    odd number of replicas from three (test_durable_self_count has the config test)."""
+    for protocol in ("multipaxos", "sdpaxos"):
+        with pytest.raises(ValueError, match="odd number of replicas"):
+            Simulation(SimConfig(protocol=protocol, replicas=1, rtt="lan", clients_per_site=0, seconds=1.0))
 
 
 # --- points that hold -------------------------------------------------------------------
@@ -168,27 +151,6 @@ def test_the_snapshot_store_in_the_simulator_makes_every_token_durable():
     assert sim.summary()["consistent"] and sim.quiet()
     for r in sim.nodes:
         assert r is not None and r.durable_token == r.token and r._sync_wait == [] and r._unsynced == []
-
-
-# --- aside (not in 5f12fd7): SDPaxos N = 1 -----------------------------------------------
-
-
-@pytest.mark.xfail(strict=True, raises=RuleBroken,
-                   reason="review 10 aside: SDPaxos N=1 never commits a C-instance (only _on_cack counts the "
-                   "quorum) and _fetch_missing divides by zero; `cellar up --replicas 1` accepts it")
-def test_sdpaxos_n1_answers_a_write():
-    cfg = SimConfig(protocol="sdpaxos", replicas=1, rtt="lan", clients_per_site=0, seconds=2.0)
-    sim = Simulation(cfg)
-    sim.run(until_ms=300)
-    replies = attach_clients(sim, 1)
-    sim.nodes[0].propose(100, 1, ["put", "k", "v"])
-    sim._drain(0)
-    try:
-        sim.run(until_ms=1500)
-    except ZeroDivisionError as e:
-        raise RuleBroken(f"the core raised ZeroDivisionError ({e}) with the write unanswered: {sim.nodes[0].status()}")
-    if (100, 1, None) not in replies:
-        raise RuleBroken(f"write unanswered after 1.2 s: {sim.nodes[0].status()}")
 
 
 # --- the campaign's durability check ----------------------------------------------------
