@@ -989,8 +989,14 @@ def _violation_entry(v: Violation, trace: list, world: World | None) -> dict:
 
 
 def _leaf(world: World, result: Result) -> None:
-    """Stabilize ``world`` in place and run the end checks (raises Violation)."""
-    quiet = world.stabilize()
+    """Stabilize ``world`` in place and run the end checks (raises Violation; an
+    exception of the core during stabilization is one too)."""
+    try:
+        quiet = world.stabilize()
+    except Violation:
+        raise
+    except Exception as exc:  # SafetyViolation (an assertion of the core) or a crash
+        raise Violation("exception", f"{type(exc).__name__}: {exc} (during stabilization)") from exc
     if not quiet and not world.cfg.check_liveness:
         result.liveness_failures += 1
     world.end_checks(quiet)
