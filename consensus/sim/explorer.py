@@ -53,7 +53,9 @@ Counterexamples are traces: a list of actions, printed one per line, saved as JS
 
 Run ``python3 -m consensus.sim.explorer --replicas 3 --protocol sdpaxos --depth 12
 --budget-states 20000`` (exhaustive) or ``--walks 200 --seed 1 --depth 150`` (seeded
-random walks for deeper traces). See ``docs/explorer.md``.
+random walks for deeper traces; ``--steer`` for steered walks: role-aware and typed
+fault phases, forks at rare states, probe reads and the quorum check, see the
+"steered walks" section below). See ``docs/explorer.md``.
 """
 
 from __future__ import annotations
