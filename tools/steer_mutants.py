@@ -18,6 +18,16 @@ unmutated copy (the false-positive check: it must find nothing).
 Arguments after ``--`` go to the steered search (``--replicas``, ``--families``,
 ``--guided``, ...); ``--mode NAME=ARGS`` sets them per mutant instead. Exit status 0
 when every mutant was found in every start (and the baseline found nothing).
+
+``--engine explorer`` runs the explorer's steered walks instead
+(``python3 -m consensus.sim.explorer --steer``, ``EXPLORER_MODES``): a find is the
+first violation; it counts unless its saved trace replays to a violation on the
+unmutated copy too (a trace that no longer fits there, because the mutant changed
+the messages, or that replays cleanly, counts). The baseline runs both cluster
+sizes (``baseline-n3``, ``baseline-n5``):
+
+    python3 tools/steer_mutants.py --engine explorer --starts 1,1001,2001 --budget-seconds 240
+    python3 tools/steer_mutants.py --engine explorer --baseline --starts 1,1001,2001 --budget-seconds 240
 """
 
 from __future__ import annotations
@@ -54,6 +64,62 @@ MODES = {
     "bug4-reprepare-no-keys": ["--replicas", "3", "--guided", "--no-liveness"],
     "baseline": ["--guided", "--no-liveness"],
 }
+# The explorer's steered walks (docs/explorer.md, "Steered walks"): message
+# granularity (one message per delivery), the first sequencer R0, the workload
+# wwr (put x a at R1, put x b at R2, get x at R0; probe reads watch every lease
+# read a sequencer would answer), safety only. N=3 for the lease/read bugs, N=5 with
+# up to two crashes for the Fig. 7 and recovery bugs; no schedule.
+_EX = ["--workload", "wwr", "--depth", "150", "--granularity", "message", "--steer", "--no-liveness"]
+EXPLORER_MODES = {
+    "bug1-lease-promise": ["--replicas", "3", *_EX],
+    "bug2-fig7-last-view": ["--replicas", "5", "--crashes", "2", *_EX],
+    "bug2b-no-nocl-slot": ["--replicas", "5", "--crashes", "2", *_EX],
+    "bug3-mixed-ballot-acks": ["--replicas", "5", "--crashes", "2", *_EX],
+    "bug4-reprepare-no-keys": ["--replicas", "3", *_EX],
+    "baseline-n3": ["--replicas", "3", *_EX],
+    "baseline-n5": ["--replicas", "5", "--crashes", "2", *_EX],
+}
+
+
+def run_explorer(copy: Path, start: int, budget_s: float, extra: list[str], timeout_s: float, trace: Path) -> dict:
+    """One steered-walk campaign from ``start`` until its first violation or the
+    budget, in the same report shape as ``run_search``."""
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "consensus.sim.explorer", "--json", "--quiet", "--seed", str(start), "--walks", "100000000",
+           "--budget-seconds", str(budget_s), "--save-trace", str(trace), *extra]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
+        proc.communicate()
+        return {"error": "timeout", "seconds": round(time.monotonic() - t0, 1)}
+    lines = [x for x in out.splitlines() if x.startswith("{")]
+    if not lines:
+        return {"error": (err.strip().splitlines() or ["no output"])[-1], "seconds": round(time.monotonic() - t0, 1)}
+    res = json.loads(lines[-1])
+    v = res.get("violation")
+    report = {"runs": res["walks"], "seconds": res["seconds"], "failures": []}
+    if v:
+        report["failures"].append({
+            "seed": start, "run": res["walks"], "seconds": res["seconds"], "fork": None,
+            "failures": [f"{v['kind']}: {v['detail']}"], "walk": v.get("walk"), "branch": v.get("branch"),
+            "replay": "python3 -m consensus.sim.explorer " + " ".join(cmd[cmd.index("--seed"):]).replace(str(trace), "FILE"),
+            "trace": json.loads(trace.read_text()) if trace.exists() else None,
+        })
+    return report
+
+
+def explorer_replay_fails(copy: Path, saved: dict, path: Path) -> bool:
+    """True if the saved trace reproduces a violation on ``copy`` (exit 1); a clean
+    replay (0) or a trace that does not fit there (2: the mutant changed it) is not."""
+    path.write_text(json.dumps(saved))
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+    out = subprocess.run([sys.executable, "-m", "consensus.sim.explorer", "--json", "--replay", str(path)], cwd=copy,
+                         env=env, capture_output=True, text=True, timeout=600)
+    return out.returncode == 1
 
 
 def run_search(copy: Path, start: int, budget_s: float, runs: int, extra: list[str], timeout_s: float) -> dict:
@@ -105,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", action="store_true", help="the unmutated tree instead (false-positive check)")
     ap.add_argument("--mode", action="append", default=[], metavar="NAME=ARGS",
                     help="search arguments for one mutant, e.g. bug1-lease-promise='--replicas 3'")
+    ap.add_argument("--engine", choices=("steer", "explorer"), default="steer",
+                    help="consensus.sim.steer (default) or the explorer's steered walks")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    names = ["baseline"] if args.baseline else [x.strip() for x in (args.only or ",".join(BUGS)).split(",") if x.strip()]
-    modes = dict(MODES)
+    explorer = args.engine == "explorer"
+    baseline = ["baseline-n3", "baseline-n5"] if explorer else ["baseline"]
+    names = baseline if args.baseline else [x.strip() for x in (args.only or ",".join(BUGS)).split(",") if x.strip()]
+    modes = dict(EXPLORER_MODES if explorer else MODES)
     for item in args.mode:
         name, _, rest = item.partition("=")
         modes[name] = rest.split()
@@ -120,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = MU.snapshot_tree(base, None)
         print(f"steer_mutants: tree {tree['source']} at {tree['head'][:10]}", file=sys.stderr, flush=True)
         for name in names:
-            mutant = None if name == "baseline" else M.BY_NAME[name]
+            mutant = None if name.startswith("baseline") else M.BY_NAME[name]
             mode = extra or modes.get(name, [])
             finds = []
             for start in starts:
@@ -137,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                     # goes on from the next seed within the same budget).
                     seed, left = start, args.budget_seconds
                     while left > 0:
-                        rep = run_search(copy, seed, left, args.runs, mode, left * 2 + 120)
+                        if explorer:
+                            rep = run_explorer(copy, seed, left, mode, left * 2 + 120, work / "trace.json")
+                        else:
+                            rep = run_search(copy, seed, left, args.runs, mode, left * 2 + 120)
                         row["runs"] += rep.get("runs") or 0
                         row["seconds"] = round(row["seconds"] + (rep.get("seconds") or 0.0), 2)
                         left = args.budget_seconds - row["seconds"]
@@ -147,14 +220,19 @@ def main(argv: list[str] | None = None) -> int:
                         first = (rep.get("failures") or [None])[0]
                         if first is None:
                             break
-                        replay = first["replay"].split()[3:]
-                        if mutant is not None and replay_fails(clean, replay):
+                        if explorer:
+                            unmutated = mutant is not None and explorer_replay_fails(clean, first["trace"], work / "replay.json")
+                        else:
+                            unmutated = mutant is not None and replay_fails(clean, first["replay"].split()[3:])
+                        if unmutated:
                             row["also_unmutated"].append(first["replay"])
                             seed = first["seed"] + 1
                             continue
                         row.update(found=True, run=row["runs"] - rep["runs"] + first["run"],
                                    seconds_to_find=round(row["seconds"] - rep["seconds"] + first["seconds"], 2),
                                    seed=first["seed"], failure="; ".join(first["failures"])[:200], replay=first["replay"])
+                        if explorer:
+                            row.update(walk=first["walk"], branch=first["branch"])
                         break
                 finally:
                     shutil.rmtree(copy, ignore_errors=True)

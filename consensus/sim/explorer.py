@@ -53,7 +53,9 @@ Counterexamples are traces: a list of actions, printed one per line, saved as JS
 
 Run ``python3 -m consensus.sim.explorer --replicas 3 --protocol sdpaxos --depth 12
 --budget-states 20000`` (exhaustive) or ``--walks 200 --seed 1 --depth 150`` (seeded
-random walks for deeper traces). See ``docs/explorer.md``.
+random walks for deeper traces; ``--steer`` for steered walks: role-aware and typed
+fault phases, forks at rare states, probe reads and the quorum check, see the
+"steered walks" section below). See ``docs/explorer.md``.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from consensus.core.config import ProtocolConfig
+from consensus.core.config import ProtocolConfig, ballot_owner
 from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
@@ -143,6 +145,13 @@ class ExplorerConfig:
     check_liveness: bool = True
     lin_timeout_s: float = 10.0
     seed: int = 0  # the replicas' internal generators
+    # Extra oracles (off by default; on in steered walks): probe reads (after every
+    # action, what a lease read of each workload key would answer at once at a
+    # sequencer holding a valid lease, against the writes acknowledged so far) and
+    # the Paxos quorum invariant from the durable records (a C-instance is committed
+    # at ballot b only once a majority accepted it at b or knew it chosen).
+    probes: bool = False
+    quorum_check: bool = False
 
     def protocol_config(self) -> ProtocolConfig:
         return ProtocolConfig(
@@ -313,6 +322,11 @@ class World:
         self.dcache: list[bytes | None] = [None] * n  # per-replica digest
         self.scache: list[tuple | None] = [None] * n  # per-replica (exec_slot, state)
         self.where = ""  # "" while exploring, "stabilize" after
+        # Oracles' ghost state (``probes``, ``quorum_check``).
+        self.id_slot: dict[tuple, int] = {}  # command id -> the slot that executed it
+        self.cacc: dict[tuple, int] = {}  # (leader, inst, ballot) -> mask of replicas with a C record at it
+        self.clast: dict[tuple, int] = {}  # (replica, leader, inst) -> ballot of its last C record
+        self.clearn: dict[tuple, int] = {}  # (leader, inst) -> mask of replicas with a CC record
 
     # --- construction and copying -----------------------------------------------------
 
@@ -376,6 +390,10 @@ class World:
         w.chosen = dict(self.chosen)
         w.dcache = list(self.dcache)
         w.scache = list(self.scache)
+        w.id_slot = dict(self.id_slot)
+        w.cacc = dict(self.cacc)
+        w.clast = dict(self.clast)
+        w.clearn = dict(self.clearn)
         return w
 
     # --- the driver: ready() carried out ----------------------------------------------
@@ -385,6 +403,8 @@ class World:
         rd = replica.ready(sync=True)  # records go to disk before anything else
         if rd.persist:
             self.disks[r] = self.disks[r] + tuple(msgpack.packb(rec, use_bin_type=True) for rec in rd.persist)
+            if self.cfg.quorum_check:
+                self._quorum_records(r, rd.persist)
         for dst, msgs in rd.messages:
             if not 0 <= dst < self.n or self.reps[dst] is None:
                 continue  # a down replica receives nothing
@@ -400,6 +420,81 @@ class World:
             seen = self.exec_map.setdefault(ex.slot, entry)
             if seen != entry:
                 raise Violation("agreement", f"slot {ex.slot}: R{r} executed {_show_exec(entry)}, another replica {_show_exec(seen)}")
+            if self.cfg.probes:
+                for cid in entry[1]:
+                    self.id_slot.setdefault(cid, ex.slot)
+
+    def _quorum_records(self, r: int, records: list) -> None:
+        """The quorum invariant, as each record is persisted: replica ``r`` commits
+        (``CC``) a C-instance at the ballot of its last ``C`` record for it; a
+        majority must hold a ``C`` record at that ballot or already know the
+        instance chosen. (A proposer's tally that mixes ballots breaks it.)"""
+        for rec in records:
+            if type(rec) is not list or not rec:
+                continue
+            if rec[0] == "C":
+                _, leader, inst, ballot, _cmds = rec
+                self.clast[(r, leader, inst)] = ballot
+                key = (leader, inst, ballot)
+                self.cacc[key] = self.cacc.get(key, 0) | 1 << r
+            elif rec[0] == "CC":
+                leader, inst = rec[1], rec[2]
+                ballot = self.clast.get((r, leader, inst))
+                knew = self.clearn.get((leader, inst), 0)
+                if ballot is not None:
+                    who = self.cacc.get((leader, inst, ballot), 0) | knew
+                    if who.bit_count() < self.n // 2 + 1:
+                        names = [q for q in range(self.n) if who >> q & 1]
+                        raise Violation("quorum", f"R{r} committed C-instance {leader}.{inst} at ballot {ballot}, "
+                                        f"accepted at that ballot (or known chosen) by {names} only")
+                self.clearn[(leader, inst)] = knew | 1 << r
+
+    def _probe_reads(self) -> None:
+        """What a lease read of each workload key would answer *now* at a sequencer
+        that answers it at once (valid lease, the key's last write executed there):
+        it must reflect every write or compare-and-set acknowledged so far. Pure:
+        nothing is sent, nothing changes (the replica's own ``_read_slot`` decides)."""
+        acked = []
+        for k, st in enumerate(self.cstate):
+            op = self.commands[k][1]
+            if st[0] == "done" and (op[0] == "put" or (op[0] == "cas" and st[2] is True)):
+                slot = self.id_slot.get((CLIENT_BASE + k, 1))
+                if slot is not None:
+                    acked.append((op[1], slot, k))
+        if not acked:
+            return
+        for r in range(self.n):
+            obj = self.reps[r]
+            if obj is None:
+                continue
+            rep = self.rep(r) if type(obj) is bytes else obj
+            if not hasattr(rep, "_read_slot") or not rep.lease_valid():
+                continue
+            for key, slot_w, k in acked:
+                if slot_w < rep.exec_slot:
+                    continue  # that write is executed here
+                slot = rep._read_slot(key)
+                if not 0 <= slot + 1 <= rep.exec_slot or slot >= rep.exec_slot:
+                    continue  # the read would wait (or go through the log)
+                have = rep.executor.sm.query(["get", key])
+                want = self._value_after(key, slot_w)
+                if have != want:
+                    raise Violation("stale_read", f"a lease read of {key} at R{r} (view {rep.view}, executed {rep.exec_slot} slots) "
+                                    f"would answer {have!r} now, but command {k} {self.commands[k][1]} was acknowledged "
+                                    f"(executed at slot {slot_w}: {key} = {want!r} there)")
+
+    def _value_after(self, key: Any, slot: int) -> Any:
+        """The value of ``key`` once slots 0..``slot`` are executed (the ghost log)."""
+        ops = {(CLIENT_BASE + k, 1): op for k, (_, op) in enumerate(self.commands)}
+        ex = Executor(KVStateMachine())
+        out: list = []
+        for j in range(slot + 1):
+            entry = self.exec_map.get(j)
+            if entry is None:
+                return None
+            ex.run([[cid, seq, ops.get((cid, seq), ["noop"])] for cid, seq in entry[1]], out)
+            out.clear()
+        return ex.sm.query(["get", key])
 
     def _put(self, src: int, dst: int, data: bytes) -> None:
         item = (src, dst, data)
@@ -504,6 +599,8 @@ class World:
                 self.stabilize()
             if len(self.events) > answered and any(e[1] == "ok" for e in self.events[answered:]):
                 self.check_history()
+            if self.cfg.probes:
+                self._probe_reads()
         except Violation:
             raise
         except Exception as exc:  # SafetyViolation (an assertion of the core) or a crash
@@ -894,8 +991,14 @@ def _violation_entry(v: Violation, trace: list, world: World | None) -> dict:
 
 
 def _leaf(world: World, result: Result) -> None:
-    """Stabilize ``world`` in place and run the end checks (raises Violation)."""
-    quiet = world.stabilize()
+    """Stabilize ``world`` in place and run the end checks (raises Violation; an
+    exception of the core during stabilization is one too)."""
+    try:
+        quiet = world.stabilize()
+    except Violation:
+        raise
+    except Exception as exc:  # SafetyViolation (an assertion of the core) or a crash
+        raise Violation("exception", f"{type(exc).__name__}: {exc} (during stabilization)") from exc
     if not quiet and not world.cfg.check_liveness:
         result.liveness_failures += 1
     world.end_checks(quiet)
@@ -1253,6 +1356,315 @@ def guided(
     return result
 
 
+# --- steered walks: a role-aware nemesis at message level, forking at rare states ------------
+#
+# Walks draw link cuts blind to the protocol. The bugs of issue 9 need faults placed
+# within one round trip of one another, on the replica that holds a role *then*: a
+# message of one kind lost on one link while the next one, in the same exchange,
+# arrives. Steered walks add three generic things, none of which names a schedule:
+#
+# - role-aware phases: a phase's cut is resolved when it starts, from the replicas'
+#   state then (the sequencer of the highest view, candidates, command leaders with
+#   instances in flight, recoverers), e.g. "isolate the sequencer", "cut the
+#   sequencer from one peer", "cut a command leader off";
+# - typed phases (drops by message type, Jepsen's and TigerBeetle's nemeses): one or
+#   two message kinds, drawn uniformly from the protocol's, held or dropped on the
+#   links into or out of a role, or everywhere; with ``granularity="message"`` every
+#   message travels alone, so one kind can be lost while its envelope-mate arrives;
+# - forking at rare states (greybox fuzzing, as in ``consensus.sim.steer``): a walk
+#   notes the first action at which each coarse protocol situation (``walk_signals``)
+#   shows; after the walk, the state where its rarest one (seen in the fewest walks
+#   so far) first showed is continued ``branches`` times with fresh draws.
+#
+# Oracles: steered walks turn on probe reads and the quorum check (``ExplorerConfig``).
+
+STEER_KINDS = (
+    "none", "none", "isolate-seq", "seq-peer", "seq-oneway", "isolate-leader", "isolate-cand", "split", "oneway",
+    "types", "types", "types", "types",
+)
+SDP_TYPES = ("CAccept", "CAck", "CCommit", "CRequest", "CPrepare", "CPromise", "OAccept", "OAck", "OCommit",
+             "VRequest", "Vote", "Ping", "Pong", "PreVote", "PreVoteReply", "RRequest", "RReply", "Fetch")
+MP_TYPES = ("Forward", "MAccept", "MAck", "MCommit", "VRequest", "Vote", "Ping", "Pong", "PreVote", "PreVoteReply", "Fetch")
+_TYPE_CACHE: dict[bytes, frozenset] = {}
+
+
+def _types_of(data: bytes) -> frozenset:
+    t = _TYPE_CACHE.get(data)
+    if t is None:
+        if len(_TYPE_CACHE) > 200_000:
+            _TYPE_CACHE.clear()
+        _src, msgs = decode_envelope(data)
+        t = _TYPE_CACHE[data] = frozenset(type(m).__name__ for m in msgs)
+    return t
+
+
+def world_roles(world: World) -> dict:
+    """Who holds which role now (live replicas): the sequencer of the highest view
+    (serving or recovering; else the owner of the highest view), candidates, command
+    leaders with instances in flight, recoverers."""
+    live = [r for r in range(world.n) if world.reps[r] is not None]
+    reps = {r: world.rep(r) for r in live}
+    seq = None
+    if world.cfg.protocol == "sdpaxos":
+        serving = [r for r in live if reps[r].sequencer == r and reps[r].phase in ("normal", "recovering")]
+        if serving:
+            seq = max(serving, key=lambda r: reps[r].view)
+        elif live:
+            top = max(live, key=lambda r: reps[r].view)
+            seq = reps[top].sequencer if reps[top].sequencer in reps else None
+        leaders = [r for r in live if reps[r].unready]
+        recov = [r for r in live if reps[r].crec]
+    else:
+        lead = [r for r in live if getattr(reps[r], "leader", -1) == r]
+        seq = max(lead, key=lambda r: reps[r].view) if lead else None
+        leaders, recov = [], []
+    return {"live": live, "seq": seq, "candidates": [r for r in live if getattr(reps[r], "phase", "") == "candidate"],
+            "leaders": leaders, "recoverers": recov}
+
+
+def walk_signals(world: World) -> set:
+    """Coarse rare situations present now (coverage), read from the live replicas:
+    the general states a view change or a recovery passes through (the same as
+    ``consensus.sim.steer.signals``, plus phase 2 of a recovery in progress and a
+    candidate that is not the owner of the highest view)."""
+    out: set = set()
+    if world.cfg.protocol != "sdpaxos":
+        return out
+    live = [world.rep(r) for r in range(world.n) if world.reps[r] is not None]
+    if not live:
+        return out
+    top_view = max(r.view for r in live)
+    top_oview = max(r.o_view for r in live)
+    for r in live:
+        if r.now < r.lease_until and r.lease_to >= 0 and r.lease_to != r.sequencer:
+            out.add("promise-elsewhere")
+        if r.lease_valid() and r.view < top_view:
+            out.add("stale-lease")
+        if any(ballot_owner(c.ballot) != r.id for c in r.unready.values()):
+            out.add("foreign-ballot")
+        for leader, rec in r.crec.items():
+            out.add(("re-prepare" if leader == r.id else "peer-recovery") + ("-accepting" if rec.accepting else ""))
+        if r.sequencer == r.id and r.phase in ("candidate", "recovering") and r.o_view < top_oview:
+            out.add("hidden-view")
+        if r.phase == "candidate" and r.view < top_view:
+            out.add("candidate-behind")
+    return out
+
+
+def _steer_profile(rng: random.Random, cfg: ExplorerConfig, length: int) -> dict:
+    prof = _walk_profile(rng, cfg, length)
+    phases = []
+    at = 0
+    while at < length:
+        span = rng.choice((2, 4, 8, 15, 30))
+        phases.append([at, at + span, rng.choice(STEER_KINDS), rng.getrandbits(32), None])
+        at += span
+    prof["phases"] = phases
+    prof["invoke"] = rng.choice((0.01, 0.03, 0.1, 0.3))
+    prof["tick"] = rng.choice((0.03, 0.08, 0.15, 0.3))
+    prof["type_drop"] = rng.choice((0.0, 0.5, 1.0))  # typed phases: drop (vs hold) the matched messages
+    return prof
+
+
+def _resolve(world: World, kind: str, salt: int) -> tuple:
+    """A phase's cut, resolved from the roles now: (directed links, message kinds or
+    None for every kind, drop)."""
+    rng = random.Random(salt)
+    n = world.n
+    links = [(a, b) for a in range(n) for b in range(n) if a != b]
+    ro = world_roles(world)
+    seq = ro["seq"] if ro["seq"] is not None else rng.randrange(n)
+    pick = lambda pool: rng.choice(pool) if pool else rng.randrange(n)  # noqa: E731
+    other = lambda x: rng.choice([y for y in range(n) if y != x])  # noqa: E731
+    if kind == "isolate-seq":
+        return frozenset((a, b) for a, b in links if seq in (a, b)), None, False
+    if kind == "seq-peer":
+        p = other(seq)
+        return frozenset({(seq, p), (p, seq)}), None, False
+    if kind == "seq-oneway":
+        p = other(seq)
+        return frozenset({(seq, p)} if rng.random() < 0.5 else {(p, seq)}), None, False
+    if kind == "isolate-leader":
+        x = pick(ro["leaders"] + ro["recoverers"])
+        return frozenset((a, b) for a, b in links if x in (a, b)), None, False
+    if kind == "isolate-cand":
+        x = pick(ro["candidates"])
+        return frozenset((a, b) for a, b in links if x in (a, b)), None, False
+    if kind == "split":
+        side = set(rng.sample(range(n), rng.randint(1, (n - 1) // 2)))
+        return frozenset((a, b) for a, b in links if (a in side) != (b in side)), None, False
+    if kind == "oneway":
+        a = rng.randrange(n)
+        return frozenset({(a, other(a))}), None, False
+    if kind == "types":
+        pool = SDP_TYPES if world.cfg.protocol == "sdpaxos" else MP_TYPES
+        types = frozenset(rng.sample(pool, rng.choice((1, 1, 2))))
+        where = rng.choice(("all", "into-seq", "out-seq", "out-leader", "into-one", "out-one", "pair"))
+        x = {"into-seq": seq, "out-seq": seq, "out-leader": pick(ro["leaders"] + ro["recoverers"])}.get(where, rng.randrange(n))
+        if where == "all":
+            cut = links
+        elif where in ("into-seq", "into-one"):
+            cut = [(a, b) for a, b in links if b == x]
+        elif where == "pair":
+            y = other(x)
+            cut = [(x, y), (y, x)]
+        else:
+            cut = [(a, b) for a, b in links if a == x]
+        if rng.random() < 0.5 and len(cut) > 1:  # a subset of those links only
+            cut = rng.sample(cut, rng.randint(1, len(cut) - 1))
+        return frozenset(cut), types, None
+    return frozenset(), None, False
+
+
+def _spick(rng: random.Random, world: World, prof: dict, step: int) -> tuple | None:
+    """``_pick`` with steered phases (resolved from the roles when they start)."""
+    cfg = world.cfg
+    rule = None
+    for ph in prof["phases"]:
+        if ph[0] <= step < ph[1]:
+            if ph[4] is None:
+                ph[4] = _resolve(world, ph[2], ph[3])
+            rule = ph[4]
+            break
+    cut, types, drop = rule if rule is not None else (frozenset(), None, False)
+    if drop is None:
+        drop = rng.random() < prof["type_drop"]
+    deliverable = []
+    blocked = []
+    for it in world.net:
+        if (it[0], it[1]) in cut and (types is None or _types_of(it[2]) & types):
+            blocked.append(it)
+        else:
+            deliverable.append(it)
+    new = [k for k, st in enumerate(world.cstate) if st[0] == "new" and world.live(st[1])]
+    down = [x for x in range(world.n) if world.reps[x] is None]
+    if new and rng.random() < prof["invoke"]:
+        return ("invoke", rng.choice(new))
+    if down and rng.random() < prof["restart"]:
+        return ("restart", down[0])
+    if len(down) < (world.n - 1) // 2 and world.crashes < cfg.max_crashes and rng.random() < prof["crash"]:
+        up = [x for x in range(world.n) if x not in down]
+        if rng.random() < 0.5:  # a role holder half the time
+            ro = world_roles(world)
+            up = [x for x in [ro["seq"]] + ro["leaders"] + ro["candidates"] if x in up] or up
+        return ("crash", rng.choice(up))
+    stuck = [(k, st) for k, st in enumerate(world.cstate) if st[0] == "pending" and (not world.live(st[1]) or world.incarnation[st[1]] != st[4])]
+    if stuck and rng.random() < 0.2:
+        k, st = rng.choice(stuck)
+        targets = [x for x in range(world.n) if x != st[1] and world.live(x)]
+        if targets:
+            return ("retry", k, rng.choice(targets))
+    if blocked and (drop or rng.random() < prof["cut_drop"]):
+        src, dst, data = blocked[0] if drop else rng.choice(blocked)
+        return ("drop", src, dst, _hash(data))
+    if not deliverable or rng.random() < prof["tick"]:
+        return ("tick",) if world.ticks < cfg.max_ticks else None
+    item = deliverable[0] if rng.random() < prof["fifo"] else rng.choice(deliverable)
+    src, dst, data = item
+    h = _hash(data)
+    r = rng.random()
+    if r < prof["drop"]:
+        return ("drop", src, dst, h)
+    if r < prof["drop"] + prof["dup"]:
+        return ("dup", src, dst, h)
+    return ("deliver", src, dst, h)
+
+
+def steer_config(cfg: ExplorerConfig) -> ExplorerConfig:
+    """The configuration steered walks run with: unbounded drops and duplicates (rates
+    are per walk), the extra oracles on."""
+    return dataclasses.replace(cfg, max_drops=1 << 30, max_dups=1 << 30, probes=True, quorum_check=True)
+
+
+def steered_walks(
+    cfg: ExplorerConfig,
+    walks: int,
+    depth: int,
+    seed: int = 1,
+    branches: int = 8,
+    budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_every_s: float = 1.0,
+    first: int = 0,
+) -> Result:
+    """Seeded steered walks (see the section comment), each followed by ``branches``
+    continuations from the state where its rarest signal first showed. Walk ``w`` of
+    ``seed`` draws from ``Random(seed, w)`` and branch ``b`` of it from ``Random(seed,
+    w, b)``; which signal is rarest depends on the walks before, so a campaign is
+    deterministic from its first walk. Every walk and branch counts in ``walks``;
+    a violation records ``walk`` and ``branch`` and its full trace (``replay``)."""
+    t0 = time.monotonic()
+    wcfg = steer_config(cfg)
+    result = Result(mode="steer", config=wcfg.to_json())
+    base = World.initial(wcfg)
+    base.freeze()
+    counts: dict[str, int] = {}
+    result.by_depth = {"signals": counts, "forks": {}}
+    next_report = t0 + progress_every_s
+
+    def one(rng: random.Random, world: World, trace: list, length: int, w: int, b: int | None, firsts: dict | None) -> bool:
+        prof = _steer_profile(rng, wcfg, length)
+        start = len(trace)
+        try:
+            for step in range(length):
+                action = _spick(rng, world, prof, step)
+                if action is None:
+                    break
+                trace.append(list(action))
+                result.transitions += 1
+                world.apply(action)
+                result.states += 1
+                if firsts is not None:
+                    for sig in walk_signals(world):
+                        if sig not in firsts:
+                            firsts[sig] = (world.clone(), list(trace), len(trace) - start)
+            result.depth_reached = max(result.depth_reached, len(trace))
+            if cfg.stabilize != "none":
+                trace.append(["stabilize"])
+                _leaf(world, result)
+                result.leaves += 1
+        except Violation as v:
+            result.violation = _violation_entry(v, trace, world)
+            result.violation.update(walk=w, branch=b, seed=seed)
+            return True
+        return False
+
+    stop = False
+    for w in range(first, first + walks):
+        firsts: dict = {}
+        rng = random.Random(seed * 1_000_003 + w)
+        result.walks += 1
+        if one(rng, base.clone(), [], depth, w, None, firsts):
+            break
+        pick = None
+        for sig in sorted(firsts):
+            if pick is None or counts.get(sig, 0) < counts.get(pick, 0):
+                pick = sig
+        for sig in firsts:
+            counts[sig] = counts.get(sig, 0) + 1
+        if pick is not None and branches > 0:
+            result.by_depth["forks"][pick] = result.by_depth["forks"].get(pick, 0) + 1
+            at, prefix, used = firsts[pick]
+            for b in range(branches):
+                brng = random.Random((seed * 1_000_003 + w) * 1009 + b + 1)
+                result.walks += 1
+                if one(brng, at.clone(), list(prefix), max(depth - used, depth // 2), w, b, None):
+                    stop = True
+                    break
+                if budget_s is not None and time.monotonic() - t0 > budget_s:
+                    break
+        now = time.monotonic()
+        if stop or (budget_s is not None and now - t0 > budget_s):
+            break
+        if progress is not None and now >= next_report:
+            next_report = now + progress_every_s
+            progress(f"[steer] walk {w + 1 - first}, {result.walks} runs, {result.transitions} actions, "
+                     f"{result.transitions / (now - t0):.0f} actions/s, {now - t0:.0f} s, signals {counts}")
+    result.seconds = round(time.monotonic() - t0, 3)
+    result.exhausted = result.violation is None and result.walks >= walks
+    return result
+
+
 @dataclass
 class Replay:
     ok: bool
@@ -1345,6 +1757,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-walk", type=int, default=0, help="random walks: start at this walk number (resume a campaign)")
     p.add_argument("--guided", action="store_true", help="with --walks: coverage-guided runs that resume states with new signatures")
     p.add_argument("--segment", type=int, default=40, help="guided: actions per run")
+    p.add_argument("--steer", action="store_true",
+                   help="with --walks: steered walks (role-aware and typed phases, forks at rare states; probe reads and the quorum check on)")
+    p.add_argument("--branches", type=int, default=8, help="steered walks: continuations from each walk's rarest state (8)")
+    p.add_argument("--probes", action="store_true", help="check probe reads (lease reads a sequencer would answer now) after every action")
+    p.add_argument("--quorum-check", action="store_true", help="check each C-commit against the durable accept records")
     p.add_argument("--crashes", type=int, default=1, help="at most this many crashes per trace")
     p.add_argument("--drops", type=int, default=2, help="at most this many dropped messages per trace")
     p.add_argument("--dups", type=int, default=1, help="at most this many duplicated deliveries per trace")
@@ -1390,7 +1807,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ExplorerConfig(
             protocol=args.protocol, replicas=args.replicas, workload=args.workload, max_crashes=args.crashes,
             max_drops=args.drops, max_dups=args.dups, max_ticks=args.max_ticks, warmup_ticks=args.warmup_ticks,
-            granularity=args.granularity, stabilize=args.stabilize, check_liveness=not args.no_liveness, **kw,
+            granularity=args.granularity, stabilize=args.stabilize, check_liveness=not args.no_liveness,
+            probes=args.probes, quorum_check=args.quorum_check, **kw,
         )
         cfg.commands()
     except ValueError as exc:
@@ -1402,7 +1820,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.walks:
         seed = 1 if args.seed is None else args.seed
         echo_err(f"SEED={seed} {'guided runs' if args.guided else 'walks'}={args.walks} depth={args.depth} protocol={cfg.protocol} replicas={cfg.replicas} workload={cfg.workload}")
-        if args.guided:
+        if args.steer:
+            res = steered_walks(cfg, args.walks, args.depth, seed=seed, branches=args.branches, budget_s=args.budget_seconds,
+                                progress=echo_err, first=args.first_walk)
+        elif args.guided:
             res = guided(cfg, args.walks, args.depth, seed=seed, segment=args.segment, budget_s=args.budget_seconds, progress=echo_err)
         else:
             res = random_walks(cfg, args.walks, args.depth, seed=seed, budget_s=args.budget_seconds, progress=echo_err, first=args.first_walk)
@@ -1429,7 +1850,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res.to_json()))
     else:
         status = "exhausted" if res.exhausted else "budget reached" if v is None else "stopped at a violation"
-        what = f"{res.walks} runs" if res.mode in ("walk", "guided") else f"{res.states} states ({res.revisits} revisits pruned)"
+        what = f"{res.walks} runs" if res.mode in ("walk", "guided", "steer") else f"{res.states} states ({res.revisits} revisits pruned)"
         print(f"{res.mode}: {what}, {res.leaves} leaves checked, depth {res.depth_reached}, {res.seconds} s, {res.states_per_s} states/s; {status}")
         if v is not None:
             print(_format_violation(v, cfg))
