@@ -119,7 +119,7 @@ class SchedulerAPI:
         self._json_cache: dict[int, tuple[Any, bytes]] = {}
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 

@@ -503,7 +503,7 @@ class KVAPI:
 
     async def start(self, host: str, port: int) -> None:
         self._watchdog_task = asyncio.ensure_future(self._watchdog())
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)  # streams end at hub.close
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 

@@ -433,9 +433,19 @@ class LocalCluster:
             proc.kill()
             proc.wait(timeout=10)
 
-    def stop_all(self) -> None:
-        for i in list(self.procs):
-            self.stop(i)
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every node at once, then wait for each (SIGKILL past the timeout)."""
+        live = [i for i, p in self.procs.items() if p.poll() is None]
+        for i in live:
+            self.procs[i].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for i in live:
+            proc = self.procs[i]
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
     def alive(self, i: int) -> bool:
         proc = self.procs.get(i)
