@@ -288,3 +288,37 @@ def test_handover_campaign_seed_101663_an_amnesiac_acceptor_and_a_non_voting_old
     if not (result["consistent"] and result["agreement"]):
         logs = {k: [label for label, _ in log][7:12] for k, log in enumerate(sim.exec_logs) if len(log) > 9}
         raise RuleBroken(f"executed slots 7-11 per incarnation: {logs}; {result}")
+
+
+def test_n3_a_handover_with_one_replica_down_completes_on_the_old_sequencers_vote():
+    """Review 9's second rule as a schedule of its own (the seed-101663 replay stopped
+    showing it once 5f12fd7 made replicas execute only durable accepts): N = 3 with R2
+    down, R0 hands over to R1. R1's view needs R0's vote, so R0 must not renew its
+    lease promise to itself once it hands over. With the rule the lease is back at R1
+    within a few round trips; without it R0 refuses to vote until its promise runs out
+    after it stepped down, about an election timeout plus a lease later. R1's first
+    vote request to R0 is lost, so R1 stands again after R0 pinged once more."""
+    sim, _replies = quiet(replicas=3, seconds=10.0)
+    sim.crash(2)
+    sim.run(until_ms=1100)
+    r0 = sim.nodes[0]
+    assert r0.lease_valid() and r0.phase == "normal"
+    dropped = []
+
+    def lose_first_vote_request(src, dst, m):  # R1 stands again later: R0 has pinged by then
+        if type(m).__name__ == "VRequest" and dst == 0 and not dropped:
+            dropped.append(m)
+            return False
+        return True
+
+    sim.msg_filter = lose_first_vote_request
+    assert r0.transfer_sequencer(1)
+    sim._drain(0)
+    t0 = sim.now / 1000.0
+    lease_ms = sim.pcfg.lease_ticks * sim.pcfg.tick_ms
+    sim.run(until_ms=t0 + lease_ms)  # with the rule: 150 ms; without: 650 ms
+    assert dropped, "R1 stood for election"
+    r1 = sim.nodes[1]
+    assert r1.sequencer == 1 and r1.phase == "normal" and r1.lease_valid(), (
+        f"{lease_ms:.0f} ms after the handover R1 does not hold the lease: view {r1.view}, phase {r1.phase}, "
+        f"R0 promises to R{r0.lease_to} until tick {r0.lease_until} (now {r0.now})")
