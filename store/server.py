@@ -505,6 +505,10 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)  # stop the replicas too, never orphan them
+    # Ctrl-C too, even if whoever started us ignores SIGINT (a background job of a
+    # script, or a test runner whose SIGINT was set aside): Python keeps an inherited
+    # SIG_IGN, and `cellar up` would then never stop on Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     reported: set[int] = set()
     try:
         # One replica exiting does not stop the others (a majority keeps serving);
