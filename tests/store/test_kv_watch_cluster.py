@@ -267,17 +267,27 @@ async def test_a_watcher_on_a_replica_that_catches_up_by_snapshot_misses_nothing
             start = (await api.ok(writer, "/v3/kv/put", {"key": "/s/start", "value": "0"}))["header"]["revision"]
             s = await api.watch(lagger, {"key": "/s/", "prefix": True, "start_revision": start})
             assert [e[0] for e in await s.until(start)] == [start]
-            os.kill(c.procs[lagger].pid, signal.SIGSTOP)
-            try:
-                revs = [start]
-                for i in range(400):
-                    r = await api.ok(writer, "/v3/kv/put", {"key": f"/s/{i % 17}", "value": str(i)})
-                    revs.append(r["header"]["revision"])
-            finally:
-                os.kill(c.procs[lagger].pid, signal.SIGCONT)
-            got = await s.until(revs[-1])
-            assert [e[0] for e in got] == revs[1:]  # every revision once, in order
-            async with CellarClient(c.client_addresses, timeout_s=1.0, deadline_s=20.0) as cellar:
+            async with CellarClient(c.client_addresses, timeout_s=2.0, deadline_s=20.0) as cellar:
+                paused_at = (await cellar.status(lagger))["exec_slot"]
+                os.kill(c.procs[lagger].pid, signal.SIGSTOP)
+                try:
+                    # Write until both others compacted past the lagger's point (snapshots are
+                    # stored asynchronously: how many writes that takes depends on the load).
+                    revs = [start]
+                    i = 0
+                    while i < 3000:  # bounded
+                        for _ in range(100):
+                            r = await api.ok(writer, "/v3/kv/put", {"key": f"/s/{i % 17}", "value": str(i)})
+                            revs.append(r["header"]["revision"])
+                            i += 1
+                        floors = [(await cellar.status(j))["floor_slot"] for j in range(3) if j != lagger]
+                        if i >= 400 and min(floors) > paused_at:
+                            break
+                    assert min(floors) > paused_at, f"the others did not compact past slot {paused_at}: {floors}"
+                finally:
+                    os.kill(c.procs[lagger].pid, signal.SIGCONT)
+                got = await s.until(revs[-1])
+                assert [e[0] for e in got] == revs[1:]  # every revision once, in order
                 st = await cellar.status(lagger)
             s.resp.close()
         assert st["stats"]["snapshots_installed"] >= 1, st["stats"]
