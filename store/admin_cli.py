@@ -33,15 +33,14 @@ class CLIError(Exception):
 
 
 def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    out = []
-    for part in [p.strip() for p in text.split(",") if p.strip()]:
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise click.BadParameter(f"{part!r} is not HOST:PORT", param_hint="--endpoints")
-        out.append((host, int(port)))
-    if not out:
-        raise click.BadParameter("no endpoint given", param_hint="--endpoints")
-    return out
+    """``--endpoints`` as the client parses addresses (``store.client.parse_addresses``),
+    a bad one a usage error."""
+    from store.client import parse_addresses
+
+    try:
+        return parse_addresses(text)
+    except ValueError as e:
+        raise click.BadParameter(f"{e} (expected HOST:PORT,...)", param_hint="--endpoints") from None
 
 
 def _options(f: Callable) -> Callable:
