@@ -40,18 +40,15 @@ MUTANTS: list[Mutant] = [
         name="bug1-lease-promise",
         file=SDP,
         old="""\
-        if self.now < self.no_vote_until:
-            return  # restarted: we may have promised a lease we no longer remember
-        if self.now < self.lease_until and self.lease_to != src:
-            return  # our lease promise to another sequencer still holds
+        if not self.gate.may_vote(src, self.now):
+            return  # restarted (we may have promised a lease we no longer remember), or
+            # our lease promise to another sequencer still holds
         if m.view > self.view:
             self._adopt_view(m.view)
 """,
         new="""\
         if m.view > self.view:
-            if self.now < self.no_vote_until:
-                return
-            if self.now < self.lease_until and self.lease_to != src:
+            if not self.gate.may_vote(src, self.now):
                 return
             self._adopt_view(m.view)
 """,
@@ -88,15 +85,15 @@ MUTANTS: list[Mutant] = [
         name="bug3-mixed-ballot-acks",
         file=SDP,
         old="""\
-    if ballot != c.ballot:
-        c.acks = 0
-    c.ballot, c.cmds = ballot, cmds
+        if ballot != self.ballot:
+            self.acks = 0
+        self.ballot, self.cmds = ballot, cmds
 """,
         new="""\
-    c.ballot, c.cmds = ballot, cmds
+        self.ballot, self.cmds = ballot, cmds
 """,
         rule="Paxos phase 2: a value is chosen by a quorum of acceptors of one ballot",
-        description="accept_value keeps the acks gathered for the old ballot when the ballot changes, "
+        description="Proposal.follow keeps the acks gathered for the old ballot when the ballot changes, "
         "so a command leader commits with acks mixing two ballots",
     ),
     Mutant(
@@ -104,12 +101,12 @@ MUTANTS: list[Mutant] = [
         file=SDP,
         old="""\
             if self.id != self.sequencer:
-                for inst, c in self.unready.items():
-                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
+                for inst, p in self.unready.items():
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(p.cmds)))
 """,
         new="""\
             if self.id != self.sequencer:
-                for inst, c in self.unready.items():
+                for inst, p in self.unready.items():
                     self.send(self.sequencer, CRequest(self.view, self.id, inst, []))
 """,
         rule="§3.5 reads: the sequencer's history table holds the last slot of every write's keys",
@@ -120,14 +117,14 @@ MUTANTS: list[Mutant] = [
         name="quorum-off-by-one",
         file=SDP,
         old="""\
-        c.acks |= 1 << src
-        if c.acks.bit_count() >= self.quorum:
-            self._commit_c(self.id, m.inst, c)
+        p.acks |= 1 << src
+        if p.acks.bit_count() >= self.quorum:
+            self._commit_c(self.id, m.inst, p)
 """,
         new="""\
-        c.acks |= 1 << src
-        if c.acks.bit_count() >= self.quorum - 1:
-            self._commit_c(self.id, m.inst, c)
+        p.acks |= 1 << src
+        if p.acks.bit_count() >= self.quorum - 1:
+            self._commit_c(self.id, m.inst, p)
 """,
         rule="Paxos phase 2: commit only with acks from a majority",
         description="_on_cack commits a C-instance at quorum - 1 acks (the command leader alone with N=3)",
@@ -285,8 +282,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="restart-forgets-lease",
         file=SDP,
-        old="self.no_vote_until = cfg.lease_ticks + 2\n",
-        new="self.no_vote_until = 0\n",
+        old="self.gate = ViewGate(node_id, cfg.initial_view, cfg.lease_ticks + 2)\n",
+        new="self.gate = ViewGate(node_id, cfg.initial_view, 0)\n",
         rule="§3.5 lease: a restarted replica waits one lease before voting (its promise was volatile)",
         description="a restarted replica votes at once, breaking a lease promise it no longer remembers",
     ),
@@ -354,7 +351,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="candidate-ignores-own-promise",
         file=SDP,
-        old="            if self.now < self.no_vote_until or (self.now < self.lease_until and self.lease_to != self.id):\n",
+        old="            if not self.gate.may_vote(self.id, self.now):\n",
         new="            if False:\n",
         rule="§3.5 lease: the candidate's own vote is bound by its lease promise",
         description="a pre-vote that succeeds starts the election although the candidate promised its vote to the sequencer since",
@@ -362,8 +359,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="promise-quantized",
         file=SDP,
-        old="            self.lease_until = self.now + self.cfg.lease_ticks + 1\n",
-        new="            self.lease_until = self.now + self.cfg.lease_ticks\n",
+        old="            self.gate.promise(src, self.now + self.cfg.lease_ticks + 1)\n",
+        new="            self.gate.promise(src, self.now + self.cfg.lease_ticks)\n",
         rule="§3.5 lease: a promise lasts lease_ticks whole ticks after the ping arrived",
         description="a voter's promise ends up to one tick before the sequencer's lease (no skew tolerated)",
     ),

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import random
 
-from .config import ProtocolConfig, ballot_owner, ballot_round, make_ballot
-from .messages import Forward, MAccept, MAck, MCommit, Message, Ping, Vote, VRequest
+from .config import ProtocolConfig, ballot_owner
+from .messages import Forward, MAccept, MAck, MCommit, Ping, Vote, VRequest
 from .ready import Reply
 from .replica import ALIVE, ReplicaBase, handles, op_bytes, take_batch
 from .rules import pick_highest
 from .statemachine import StateMachine
+from .views import ViewGate
 
 SLOTS_PER_MSG_MAX = 1024
 # A message carrying several slots' batches is cut once their estimated size reaches
@@ -74,11 +75,11 @@ class MultiPaxosReplica(ReplicaBase):
             # No compaction here: take_snapshot() is None, so no driver stores one.
             raise ValueError("multipaxos replicas restart from their records, not a snapshot")
         super().__init__(node_id, cfg, sm, records, rng)
-        self.view = cfg.initial_view
-        self.leader = ballot_owner(self.view)
+        # The view and its leader; only the gate changes them (views.py). A restart
+        # waits a heartbeat before voting (as SDPaxos waits out a lease promise).
+        self.gate = ViewGate(node_id, cfg.initial_view, cfg.heartbeat_ticks)
         self.phase = "normal"  # normal | candidate | recovering | stale
         self.election_due = self._election_deadline()
-        self.no_vote_until = cfg.heartbeat_ticks
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
         self._vote_tick = 0
@@ -101,6 +102,10 @@ class MultiPaxosReplica(ReplicaBase):
         if records:
             self._replay(records)
 
+    @property
+    def leader(self) -> int:
+        return self.gate.owner
+
     def _replay(self, records: list) -> None:
         for rec in records:
             if rec[0] == "M":
@@ -114,9 +119,8 @@ class MultiPaxosReplica(ReplicaBase):
                     if j in self.log:
                         self.log[j].committed = True
                 self.committed = max(self.committed, rec[1])
-            elif rec[0] == "V" and rec[1] > self.view:
-                self.view = rec[1]
-                self.leader = ballot_owner(self.view)
+            elif rec[0] == "V":
+                self.gate.join(rec[1])
         self.prefix = self.committed
         self._advance_prefix()
         if self.id == self.leader:
@@ -342,7 +346,7 @@ class MultiPaxosReplica(ReplicaBase):
         now, resend = self.now, self.cfg.resend_ticks
         if self.id == self.leader:
             if self.phase == "stale":
-                if now >= self.no_vote_until:
+                if now >= self.gate.no_vote_until:
                     self._start_election()
                 return
             if self.phase == "candidate":
@@ -370,7 +374,7 @@ class MultiPaxosReplica(ReplicaBase):
                 if self.committed > self._commit_sent[dst] or now % self.cfg.heartbeat_ticks == 0:
                     self._send_commit(dst)
             return
-        if now >= self.election_due and now >= self.no_vote_until:
+        if now >= self.election_due and now >= self.gate.no_vote_until:
             self._start_election()
         elif self._fwd_log and now - self._fwd_log[0][0] >= resend:
             # Forwarded commands not seen committed within the timeout: forward again.
@@ -397,19 +401,9 @@ class MultiPaxosReplica(ReplicaBase):
 
     # --- views and elections --------------------------------------------------------
 
-    def _view_ok(self, src: int, m: Message) -> bool:
-        if m.view < self.view:
-            self.send(src, Ping(self.view, -1), lazy=True)
-            return False
-        if m.view > self.view:
-            self._adopt_view(m.view)
-        return True
-
     def _adopt_view(self, view: int) -> None:
-        if view <= self.view:
+        if not self.gate.join(view):
             return
-        self.view = view
-        self.leader = ballot_owner(view)
         self.persist(["V", view])
         self.phase = "normal" if self.leader != self.id else "stale"
         self.votes = {}
@@ -443,8 +437,7 @@ class MultiPaxosReplica(ReplicaBase):
         return self.now + base + self.rng.randrange(max(1, base // 2))
 
     def _start_election(self) -> None:
-        self.view = make_ballot(ballot_round(self.view) + 1, self.id)
-        self.leader = self.id
+        self.gate.stand()
         self.phase = "candidate"
         self.persist(["V", self.view])
         self.votes = {}
@@ -473,7 +466,7 @@ class MultiPaxosReplica(ReplicaBase):
         if m.view < self.view:
             self.send(src, Ping(self.view, -1))
             return
-        if self.now < self.no_vote_until:
+        if not self.gate.may_vote(src, self.now):
             return  # restarted: wait before voting, in any view (as SDPaxos does)
         if m.view > self.view:
             self._adopt_view(m.view)

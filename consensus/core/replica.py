@@ -44,6 +44,7 @@ from .executor import Executor
 from .messages import Message, Ping
 from .ready import Executed, Ready, Reply
 from .statemachine import StateMachine
+from .views import NEWER, STALE, ViewGate
 
 
 # Ping.tick value of a plain liveness ping (not a sequencer heartbeat or a notice).
@@ -89,7 +90,8 @@ class ReplicaBase:
         self._blind: dict[tuple, None] = {}  # (client, seq): as soon as ready
         self._exec_out: list = []
         self.stats: dict[str, int] = {"proposed": 0, "instances": 0, "executed": 0}
-        self.view = 0
+        # The view and who owns it; only the gate changes them (consensus.core.views).
+        self.gate = ViewGate(node_id, cfg.initial_view, 0)
         # Tick we last heard anything from each peer (failure suspicion).
         self.heard = [0] * cfg.n
         # Ack delays per peer, in ticks: best ever, moving average, last sample.
@@ -104,6 +106,28 @@ class ReplicaBase:
             if type(meta) is not dict or meta.get("protocol") != self.protocol:
                 raise ValueError(f"snapshot of protocol {meta.get('protocol') if type(meta) is dict else meta!r}, not {self.protocol}")
             self.executor.restore(state)
+
+    @property
+    def view(self) -> int:
+        """The view this replica is in (read-only: the gate changes it)."""
+        return self.gate.view
+
+    @property
+    def no_vote_until(self) -> int:
+        return self.gate.no_vote_until
+
+    def _view_ok(self, src: int, m: Message) -> bool:
+        """Refuse stale views (and tell the sender); follow newer ones."""
+        seen = self.gate.admit(m.view)
+        if seen == STALE:
+            self.send(src, Ping(self.gate.view, -1), lazy=True)
+            return False
+        if seen == NEWER:
+            self._adopt_view(m.view)
+        return True
+
+    def _adopt_view(self, view: int) -> None:
+        raise NotImplementedError
 
     # --- driver interface ---------------------------------------------------------
 

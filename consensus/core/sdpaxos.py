@@ -52,6 +52,18 @@ Failures (paper §3.3, §3.5, §4, appendix A):
 - **Straggler detection**, **handover** (``transfer_sequencer``) and **catch-up**
   (``OCommit`` values from the peer's acked prefix, pipelined ``Fetch``).
 
+Where each rule lives (one role at a time, ``../shared/reviews/core-structure-2026-11.md``):
+
+- ``views.ViewGate`` alone changes the view (``join``, ``stand``) and alone decides
+  whether a vote may be given (``may_vote``: the lease promise and the restart
+  wait, in every view); ``_adopt_view`` is what this replica does on joining.
+- ``CInst`` is an acceptor record (value at the highest ballot, chosen or not);
+  ``Proposal`` is this replica proposing a value for an instance, with a tally of
+  one ballot (``follow``). ``unready`` (our own instances) and
+  ``CRecovery.accepting`` hold proposals; ``clog`` holds records.
+- ``rules``: ``pick_highest`` (phase 1, shared with Multi-Paxos), ``ready_limit``
+  (Fig. 5), ``fig7_fill`` (Fig. 7 lines 32-36), pure and table-tested.
+
 Durable records (``Ready.persist``), replayed by ``__init__(records=...)``:
 ``["P", leader, ballot]`` promise; ``["C", leader, inst, ballot, cmds]`` accepted;
 ``["CC", leader, inst]`` committed; ``["O", view, start, leaders]`` accepted O-slots;
@@ -113,7 +125,6 @@ from .messages import (
     CRequest,
     Fetch,
     Handover,
-    Message,
     OAccept,
     OAck,
     OCommit,
@@ -131,6 +142,7 @@ from .ready import Reply
 from .replica import ALIVE, ReplicaBase, handles
 from .rules import fig7_fill, pick_highest, ready_limit
 from .statemachine import StateMachine
+from .views import ViewGate
 
 # Most O-slot values carried by one OAccept or OCommit (bounds message size).
 OSLOTS_PER_MSG_MAX = 8192
@@ -147,31 +159,46 @@ class SafetyViolation(AssertionError):
 
 
 class CInst:
-    """One C-instance as this replica knows it."""
+    """One C-instance as this replica's acceptor holds it: the value accepted at the
+    highest ballot, and whether it is known chosen. What a proposer of the instance
+    tracks (who accepted, when it sent) is a ``Proposal``, apart."""
 
-    __slots__ = ("ballot", "cmds", "committed", "acks", "sent_to", "sent_tick", "born", "done")
+    __slots__ = ("ballot", "cmds", "committed")
 
     def __init__(self, ballot: int, cmds: list | None) -> None:
         self.ballot = ballot
         self.cmds = cmds
         self.committed = False
-        self.acks = 0  # bitmask of acceptors of ``ballot`` (proposer only)
-        self.sent_to = 0  # bitmask of peers the accept went to (proposer only)
-        self.sent_tick = 0
-        self.born = 0  # tick proposed (proposer only, straggler detection)
-        self.done = -1  # tick committed (proposer only)
 
 
-def accept_value(c: CInst, ballot: int, cmds: list | None) -> None:
-    """The acceptor record of ``c`` takes ``(ballot, cmds)``.
+class Proposal:
+    """This replica proposing a value for one C-instance: its own batch as command
+    leader (``unready``), or a recovery's pick (``CRecovery.accepting``).
 
-    The proposer's tally counts acks of one ballot only: when the ballot changes,
-    acks gathered for the old one no longer count (a quorum mixing ballots chooses
-    nothing), so it restarts from our own acceptance of the new one.
+    ``acks`` holds acceptors of ``ballot`` only: Paxos chooses a value by a quorum of
+    one ballot. When our own acceptor record of the instance takes another ballot (a
+    recoverer's accept reached us, or its commit), the proposal follows it
+    (``follow``) and its tally restarts, so acks of two ballots never add up (bug 3 of
+    issue 9). ``rec`` is that acceptor record (whether the instance is chosen).
     """
-    if ballot != c.ballot:
-        c.acks = 0
-    c.ballot, c.cmds = ballot, cmds
+
+    __slots__ = ("rec", "ballot", "cmds", "acks", "sent_to", "sent_tick", "born")
+
+    def __init__(self, rec: CInst, acks: int, sent_tick: int = 0, born: int = 0) -> None:
+        self.rec = rec
+        self.ballot = rec.ballot
+        self.cmds = rec.cmds
+        self.acks = acks  # bitmask of acceptors of ``ballot``
+        self.sent_to = 0  # bitmask of peers the accept went to
+        self.sent_tick = sent_tick
+        self.born = born  # tick proposed (straggler detection)
+
+    def follow(self, ballot: int, cmds: list | None) -> None:
+        """Our acceptor record took ``(ballot, cmds)``: propose that, with a tally of
+        that ballot (empty if the ballot changed)."""
+        if ballot != self.ballot:
+            self.acks = 0
+        self.ballot, self.cmds = ballot, cmds
 
 
 class OSlot:
@@ -202,7 +229,7 @@ class CRecovery:
         self.need = need  # highest instance that must be decided
         self.promises: dict[int, list] = {}
         self.started = started
-        self.accepting: dict[int, CInst] = {}
+        self.accepting: dict[int, Proposal] = {}
 
 
 class SDPaxosReplica(ReplicaBase):
@@ -220,8 +247,10 @@ class SDPaxosReplica(ReplicaBase):
     ) -> None:
         super().__init__(node_id, cfg, sm, records, rng, snapshot)
         n = self.n
-        self.view = cfg.initial_view
-        self.sequencer = ballot_owner(self.view)
+        # The view, its sequencer and our lease promise (views.py: the only code that
+        # changes the view). A restart forgets promises: wait one promise's length
+        # (and the ticks that quantization may have cut from either end of it).
+        self.gate = ViewGate(node_id, cfg.initial_view, cfg.lease_ticks + 2)
         self.phase = "normal"  # normal | candidate | recovering (new sequencer) | stale
         # C-log: clog[leader][inst]
         self.clog: list[dict[int, CInst]] = [{} for _ in range(n)]
@@ -229,7 +258,7 @@ class SDPaxosReplica(ReplicaBase):
         self.promised = [0] * n
         self.ballot = make_ballot(0, node_id)  # ballot of my own C-instances
         self.next_inst = 0
-        self.unready: dict[int, CInst] = {}  # my instances not yet answered, by inst
+        self.unready: dict[int, Proposal] = {}  # my instances not yet answered, by inst
         self.crec: dict[int, CRecovery] = {}
         # Per leader: no recovery of its instances from here before this tick (we saw
         # a higher ballot at work on them, or our attempt timed out: back off).
@@ -266,14 +295,8 @@ class SDPaxosReplica(ReplicaBase):
         # Leases and failure detection
         self.last_heard = 0
         self.election_due = self._election_deadline()
-        self.lease_until = 0  # my promise: no vote for another sequencer before this
-        self.lease_to = -1  # ... the sequencer that promise is to (it may get my vote)
-        # A restart forgets promises: wait one promise's length (and the ticks that
-        # quantization may have cut from either end of it).
-        self.no_vote_until = cfg.lease_ticks + 2
         self.lease_acks = [-1] * n  # sequencer: ping tick each replica last answered
         self.lease_expiry = -1  # sequencer: lease valid while now < lease_expiry
-        self.distrust_view = -1  # no lease renewals for this view (straggler verdict)
         self._handover: tuple[int, int, int] | None = None  # (view, target, since tick) while handing over
         self.votes: dict[int, Vote] = {}
         self.vote_base = 0
@@ -346,6 +369,25 @@ class SDPaxosReplica(ReplicaBase):
             # whether we won, and our lease is gone, so run a fresh election.
             self.phase = "stale"
 
+    # Read-only views of the gate (observers, tests): only the gate changes them.
+    @property
+    def sequencer(self) -> int:
+        return self.gate.owner
+
+    @property
+    def lease_until(self) -> int:
+        """Our lease promise runs until this tick ..."""
+        return self.gate.promise_until
+
+    @property
+    def lease_to(self) -> int:
+        """... to this sequencer (it may get our vote)."""
+        return self.gate.promise_to
+
+    @property
+    def distrust_view(self) -> int:
+        return self.gate.distrust_view
+
     # --- recovery from durable records ------------------------------------------------
 
     def _replay(self, records: list) -> None:
@@ -387,9 +429,7 @@ class SDPaxosReplica(ReplicaBase):
             elif kind == "AV":
                 self.o_view = max(self.o_view, rec[1])
             elif kind == "V":
-                if rec[1] > self.view:
-                    self.view = rec[1]
-                    self.sequencer = ballot_owner(self.view)
+                self.gate.join(rec[1])
 
     def _after_replay(self) -> None:
         own = self.clog[self.id]
@@ -405,8 +445,7 @@ class SDPaxosReplica(ReplicaBase):
         for inst in sorted(own):
             c = own[inst]
             if not c.committed:
-                c.acks = 1 << self.id
-                self.unready[inst] = c  # re-proposed by the resend timer
+                self.unready[inst] = Proposal(c, 1 << self.id)  # re-proposed by the resend timer
         self._reset_prefix()
         if self.id == self.sequencer:
             self._rebuild_sequencer_state(self.o_prefix)
@@ -434,8 +473,8 @@ class SDPaxosReplica(ReplicaBase):
         if self.id != self.sequencer or self.phase != "normal" or not 0 <= target < self.n or target == self.id:
             return False
         self.lease_expiry = -1
-        self.lease_until = 0
-        self.distrust_view = self.view
+        self.gate.release()
+        self.gate.distrust_view = self.view
         self._handover = (self.view, target, self.now)
         self.broadcast(Handover(self.view, target))
         return True
@@ -580,9 +619,9 @@ class SDPaxosReplica(ReplicaBase):
                 self.c_max[leader] = upto - 1
             self.floor_inst[leader] = upto
         for inst in [i for i in self.unready if i < self.floor_inst[me]]:
-            c = self.unready.pop(inst)
-            if c.committed:
-                self._reply_ready(c.cmds)  # chosen and executed: answer it
+            p = self.unready.pop(inst)
+            if p.rec.committed:
+                self._reply_ready(p.cmds)  # chosen and executed: answer it
             # else: we never learned what was chosen there; the client retries
         self.next_inst = max(self.next_inst, self.floor_inst[me])
         self.floor_slot = max(self.floor_slot, slot)
@@ -688,18 +727,17 @@ class SDPaxosReplica(ReplicaBase):
         inst = self.next_inst
         self.next_inst += 1
         c = CInst(self.ballot, cmds)
-        c.acks = 1 << self.id
-        c.sent_tick = c.born = self.now
+        p = Proposal(c, 1 << self.id, self.now, self.now)
         self.clog[self.id][inst] = c
         self.c_max[self.id] = inst
-        self.unready[inst] = c
+        self.unready[inst] = p
         self.stats["instances"] += 1
         self.persist(["C", self.id, inst, self.ballot, cmds])
         msg = CAccept(self.view, self.id, inst, self.ballot, cmds)
         targets = self._thrifty_targets()
         for dst in targets:
             self.send(dst, msg)
-            c.sent_to |= 1 << dst
+            p.sent_to |= 1 << dst
         if self.id == self.sequencer:
             self._assign(self.id, inst, self._keys(cmds))
         elif self.sequencer not in targets:
@@ -741,8 +779,11 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[m.inst] = CInst(m.ballot, m.cmds)
             else:
-                accept_value(c, m.ballot, m.cmds)
-                c.acks |= 1 << self.id
+                c.ballot, c.cmds = m.ballot, m.cmds
+                p = self._proposal(m.leader, m.inst)
+                if p is not None:
+                    p.follow(m.ballot, m.cmds)
+                    p.acks |= 1 << self.id
             self.promised[m.leader] = m.ballot
             if m.inst > self.c_max[m.leader]:
                 self.c_max[m.leader] = m.inst
@@ -762,32 +803,38 @@ class SDPaxosReplica(ReplicaBase):
             if rec is not None and m.ok and m.ballot == rec.ballot:
                 self._recovery_ack(rec, src, m.inst)
             return
-        c = self.clog[self.id].get(m.inst)
-        if c is None or c.committed:
+        p = self.unready.get(m.inst)
+        if p is None or p.rec.committed:
             return
         if not m.ok:
-            if m.ballot > c.ballot and self.id not in self.crec:
+            if m.ballot > p.ballot and self.id not in self.crec:
                 # Someone prepared our instances with a higher ballot (we were
                 # suspected): re-prepare before proposing anything again.
                 self._start_crecovery(self.id, min(self.unready, default=m.inst), self.next_inst - 1, m.ballot)
             return
-        if m.ballot != c.ballot:
+        if m.ballot != p.ballot:
             return  # late, duplicate or for an older ballot: ignore (trap 4)
-        if c.sent_to >> src & 1 and not c.acks >> src & 1:
-            self.note_ack_delay(src, self.now - c.sent_tick)
-        c.acks |= 1 << src
-        if c.acks.bit_count() >= self.quorum:
-            self._commit_c(self.id, m.inst, c)
+        if p.sent_to >> src & 1 and not p.acks >> src & 1:
+            self.note_ack_delay(src, self.now - p.sent_tick)
+        p.acks |= 1 << src
+        if p.acks.bit_count() >= self.quorum:
+            self._commit_c(self.id, m.inst, p)
 
-    def _commit_c(self, leader: int, inst: int, c: CInst) -> None:
-        c.committed = True
-        c.done = self.now
+    def _proposal(self, leader: int, inst: int) -> Proposal | None:
+        """Our proposal for ``leader``'s instance ``inst``, if we are proposing one."""
+        if leader == self.id:
+            return self.unready.get(inst)
+        rec = self.crec.get(leader)
+        return rec.accepting.get(inst) if rec is not None else None
+
+    def _commit_c(self, leader: int, inst: int, p: Proposal) -> None:
+        p.rec.committed = True
         self.persist(["CC", leader, inst])
-        full = CCommit(self.view, leader, inst, c.ballot, True, c.cmds)
-        short = CCommit(self.view, leader, inst, c.ballot, False, None)
+        full = CCommit(self.view, leader, inst, p.ballot, True, p.cmds)
+        short = CCommit(self.view, leader, inst, p.ballot, False, None)
         for dst in range(self.n):
             if dst != self.id:
-                self.send(dst, short if c.acks >> dst & 1 else full)
+                self.send(dst, short if p.acks >> dst & 1 else full)
         self._check_ready()
         self._execute()
         self._serve_if_decided()
@@ -804,7 +851,10 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[m.inst] = c = CInst(m.ballot, m.cmds)
             else:
-                accept_value(c, m.ballot, m.cmds)
+                c.ballot, c.cmds = m.ballot, m.cmds
+                p = self._proposal(m.leader, m.inst)
+                if p is not None:
+                    p.follow(m.ballot, m.cmds)
             if m.inst > self.c_max[m.leader]:
                 self.c_max[m.leader] = m.inst
             self.persist(["C", m.leader, m.inst, m.ballot, m.cmds])
@@ -924,35 +974,39 @@ class SDPaxosReplica(ReplicaBase):
             if c is None:
                 log[inst] = c = CInst(rec.ballot, cmds)
             else:
-                accept_value(c, rec.ballot, cmds)
-            c.acks = 1 << self.id
-            c.sent_tick = self.now
+                c.ballot, c.cmds = rec.ballot, cmds
+            p = self.unready.get(inst) if own else None
+            if p is None:
+                p = Proposal(c, 0)
+            p.follow(rec.ballot, cmds)
+            p.acks = 1 << self.id
+            p.sent_tick = self.now
             if inst > self.c_max[leader]:
                 self.c_max[leader] = inst
             self.persist(["C", leader, inst, rec.ballot, cmds])
-            rec.accepting[inst] = c
+            rec.accepting[inst] = p
             if own:
-                self.unready[inst] = c
+                self.unready[inst] = p
             self.broadcast(CAccept(self.view, leader, inst, rec.ballot, cmds))
         if own:
             # Our instances are ordinary again, at the new ballot.
             self.unready = dict(sorted(self.unready.items()))
             del self.crec[leader]
             if self.id != self.sequencer:
-                for inst, c in self.unready.items():
-                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
+                for inst, p in self.unready.items():
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(p.cmds)))
         elif not rec.accepting:
             del self.crec[leader]
         rec.promises = {}
 
     def _recovery_ack(self, rec: CRecovery, src: int, inst: int) -> None:
-        c = rec.accepting.get(inst)
-        if c is None or c.committed or c.ballot != rec.ballot:
+        p = rec.accepting.get(inst)
+        if p is None or p.rec.committed or p.ballot != rec.ballot:
             return  # decided, or a higher ballot took over this instance here
-        c.acks |= 1 << src
-        if c.acks.bit_count() >= self.quorum:
+        p.acks |= 1 << src
+        if p.acks.bit_count() >= self.quorum:
             del rec.accepting[inst]
-            self._commit_c(rec.leader, inst, c)
+            self._commit_c(rec.leader, inst, p)
             if not rec.accepting and self.crec.get(rec.leader) is rec:
                 del self.crec[rec.leader]
 
@@ -1309,16 +1363,16 @@ class SDPaxosReplica(ReplicaBase):
             return
         limit = self._ready_count()
         done = []
-        for inst, c in self.unready.items():
+        for inst, p in self.unready.items():
             if inst >= limit:
                 break
-            if c.committed:
+            if p.rec.committed:
                 done.append(inst)
         for inst in done:
-            c = self.unready.pop(inst)
-            self._reply_ready(c.cmds)
+            p = self.unready.pop(inst)
+            self._reply_ready(p.cmds)
             # Straggler detection: how long this instance took to become ready.
-            took = self.now - c.born
+            took = self.now - p.born
             self._window_total += took
             self._window_count += 1
             if took < self._best_ready:
@@ -1415,20 +1469,9 @@ class SDPaxosReplica(ReplicaBase):
 
     # --- views ---------------------------------------------------------------------------
 
-    def _view_ok(self, src: int, m: Message) -> bool:
-        """Refuse stale views (and tell the sender); adopt newer ones."""
-        if m.view < self.view:
-            self.send(src, Ping(self.view, -1), lazy=True)
-            return False
-        if m.view > self.view:
-            self._adopt_view(m.view)
-        return True
-
     def _adopt_view(self, view: int) -> None:
-        if view <= self.view:
+        if not self.gate.join(view):
             return
-        self.view = view
-        self.sequencer = ballot_owner(view)
         self.view_serving = False
         self._recover_end_seen = -1
         self.persist(["V", view])
@@ -1445,14 +1488,14 @@ class SDPaxosReplica(ReplicaBase):
         self._straggler_votes = {}
         self.election_due = self._election_deadline()  # give the new sequencer time
         # Our unanswered instances need slots from the new sequencer: ask at once.
-        for inst, c in self.unready.items():
-            c.sent_tick = self.now
+        for inst, p in self.unready.items():
+            p.sent_tick = self.now
             if self.sequencer != self.id:
-                self.send(self.sequencer, CRequest(view, self.id, inst, self._keys(c.cmds)))
-            if not c.committed:
-                msg = CAccept(view, self.id, inst, c.ballot, c.cmds)
+                self.send(self.sequencer, CRequest(view, self.id, inst, self._keys(p.cmds)))
+            if not p.rec.committed:
+                msg = CAccept(view, self.id, inst, p.ballot, p.cmds)
                 for dst in range(self.n):
-                    if dst != self.id and not c.acks >> dst & 1:
+                    if dst != self.id and not p.acks >> dst & 1:
                         self.send(dst, msg)
         # Reads waiting on the old sequencer's answer go through the new one.
         for rid, (client, seq, op, _) in list(self._reads.items()):
@@ -1461,7 +1504,7 @@ class SDPaxosReplica(ReplicaBase):
 
     def _heard_from_sequencer(self) -> None:
         self.last_heard = self.now
-        if self.distrust_view != self.view:  # a judged straggler does not hold off elections
+        if self.gate.distrust_view != self.view:  # a judged straggler does not hold off elections
             self.election_due = self._election_deadline()
 
     def _election_deadline(self) -> int:
@@ -1490,21 +1533,19 @@ class SDPaxosReplica(ReplicaBase):
         """Ask whether a majority would vote before raising our view: a replica cut
         off from a healthy majority then never forces a view change when it returns.
         Retried at every election deadline."""
-        self._prevote_view = make_ballot(ballot_round(self.view) + 1, self.id)
+        self._prevote_view = self.gate.next_view()
         self._prevotes = {self.id}
         self.election_due = self._election_deadline()
         self.broadcast(PreVote(self._prevote_view))
 
     def _grants_prevote(self, src: int, view: int) -> bool:
-        if view <= self.view or self.now < self.no_vote_until:
-            return False
-        if self.now < self.lease_until and self.lease_to != src:
+        if view <= self.view or not self.gate.may_vote(src, self.now):
             return False
         if self.id == self.sequencer:
             return self.phase != "normal"  # serving: we are the live sequencer
         # A live sequencer we heard from within an election timeout keeps our support,
         # unless a majority judged it a straggler.
-        return self.now - self.last_heard >= self.cfg.election_ticks or self.distrust_view == self.view
+        return self.now - self.last_heard >= self.cfg.election_ticks or self.gate.distrust_view == self.view
 
     @handles(_handlers, PreVote)
     def _on_prevote(self, src: int, m: PreVote) -> None:
@@ -1525,18 +1566,16 @@ class SDPaxosReplica(ReplicaBase):
         self._prevotes.add(src)
         if len(self._prevotes) >= self.quorum:
             self._prevote_view = -1
-            if self.now < self.no_vote_until or (self.now < self.lease_until and self.lease_to != self.id):
+            if not self.gate.may_vote(self.id, self.now):
                 # We answered the sequencer's ping since the pre-vote began: our own
                 # vote is promised to it. Stand again once the promise is over.
-                self.election_due = max(self.election_due, self.lease_until)
+                self.election_due = max(self.election_due, self.gate.promise_until)
                 return
             self._start_election()
 
     def _start_election(self) -> None:
         self._prevote_view = -1
-        view = make_ballot(ballot_round(self.view) + 1, self.id)
-        self.view = view
-        self.sequencer = self.id
+        view = self.gate.stand()
         self.view_serving = False
         self._recover_end_seen = -1
         self.phase = "candidate"
@@ -1567,10 +1606,9 @@ class SDPaxosReplica(ReplicaBase):
         # The promises hold in every view: a replica joins a candidate's view from any
         # message (its pings, say) without voting, so a retried VRequest may come in
         # our own view and must meet the same conditions as the first one.
-        if self.now < self.no_vote_until:
-            return  # restarted: we may have promised a lease we no longer remember
-        if self.now < self.lease_until and self.lease_to != src:
-            return  # our lease promise to another sequencer still holds
+        if not self.gate.may_vote(src, self.now):
+            return  # restarted (we may have promised a lease we no longer remember), or
+            # our lease promise to another sequencer still holds
         if m.view > self.view:
             self._adopt_view(m.view)
         slots = [
@@ -1745,8 +1783,7 @@ class SDPaxosReplica(ReplicaBase):
         if not self._handing_over():
             # Our own promise (we vote for nobody else meanwhile); not while handing
             # over: we must be able to vote in our target's election (review 9).
-            self.lease_until = self.now + self.cfg.lease_ticks
-            self.lease_to = self.id
+            self.gate.promise(self.id, self.now + self.cfg.lease_ticks)
         self.broadcast(Ping(self.view, self.now))
 
     @handles(_handlers, Ping)
@@ -1760,14 +1797,13 @@ class SDPaxosReplica(ReplicaBase):
         if src != self.sequencer or m.tick < 0:
             return
         self._heard_from_sequencer()
-        if self.distrust_view != self.view:
+        if self.gate.distrust_view != self.view:
             # ``now`` counts whole ticks and part of this one has passed: one tick more
             # makes the promise last at least lease_ticks full ticks after the ping
             # arrived, which the sequencer's lease (lease_ticks * (1 - drift) of its
             # own ticks from the send) never outlasts while the clocks' rates differ
             # by at most ``drift``.
-            self.lease_until = self.now + self.cfg.lease_ticks + 1
-            self.lease_to = src
+            self.gate.promise(src, self.now + self.cfg.lease_ticks + 1)
             self.send(src, Pong(self.view, m.tick))
 
     @handles(_handlers, Pong)
@@ -1778,15 +1814,15 @@ class SDPaxosReplica(ReplicaBase):
             self.lease_acks[src] = m.tick
             acks = sorted([self.lease_acks[r] if r != self.id else self.now for r in range(self.n)], reverse=True)
             granted = acks[self.quorum - 1]
-            if granted >= 0 and self.distrust_view != self.view:
+            if granted >= 0 and self.gate.distrust_view != self.view:
                 self.lease_expiry = granted + int(self.cfg.lease_ticks * (1 - self.cfg.drift))
 
     @handles(_handlers, Handover)
     def _on_handover(self, src: int, m: Handover) -> None:
         if m.view != self.view or src != self.sequencer:
             return
-        self.lease_until = 0  # the sequencer released us from our lease promise
-        self.distrust_view = self.view
+        self.gate.release()  # the sequencer released us from our lease promise
+        self.gate.distrust_view = self.view
         if m.target == self.id:
             self._start_election()
 
@@ -1805,8 +1841,8 @@ class SDPaxosReplica(ReplicaBase):
         """
         now = self.now
         total, count = self._window_total, self._window_count
-        for c in self.unready.values():
-            total += now - c.born
+        for p in self.unready.values():
+            total += now - p.born
             count += 1
         self._window_total = self._window_count = 0
         self._window_start = now
@@ -1846,10 +1882,10 @@ class SDPaxosReplica(ReplicaBase):
             self.send(src, Straggler(self.view, True))
         if self.id in self._straggler_votes:
             self._straggler_votes[src] = None
-        if len(self._straggler_votes) >= self.quorum and self.distrust_view != self.view:
+        if len(self._straggler_votes) >= self.quorum and self.gate.distrust_view != self.view:
             # Stop renewing the slow sequencer's lease; elect once our promise expires.
-            self.distrust_view = self.view
-            self.election_due = max(self.now, self.lease_until) + self.rng.randrange(max(1, self.cfg.election_ticks // 4))
+            self.gate.distrust_view = self.view
+            self.election_due = max(self.now, self.gate.promise_until) + self.rng.randrange(max(1, self.cfg.election_ticks // 4))
 
     # --- timers ------------------------------------------------------------------------
 
@@ -1866,30 +1902,30 @@ class SDPaxosReplica(ReplicaBase):
             if self.suspected(peer):
                 suspects |= 1 << peer
         if self.id not in self.crec:
-            for inst, c in self.unready.items():
-                if not c.committed and c.sent_to & suspects & ~c.acks:
+            for inst, p in self.unready.items():
+                if not p.rec.committed and p.sent_to & suspects & ~p.acks:
                     # A peer we counted on went quiet: go to everyone else now.
-                    c.sent_to = (1 << self.n) - 1
-                    msg = CAccept(self.view, self.id, inst, c.ballot, c.cmds)
+                    p.sent_to = (1 << self.n) - 1
+                    msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
                     for dst in range(self.n):
-                        if dst != self.id and not c.acks >> dst & 1:
+                        if dst != self.id and not p.acks >> dst & 1:
                             self.send(dst, msg)
                     continue
-                if now - c.sent_tick < resend:
+                if now - p.sent_tick < resend:
                     continue
-                c.sent_tick = now
-                if not c.committed:
-                    msg = CAccept(self.view, self.id, inst, c.ballot, c.cmds)
+                p.sent_tick = now
+                if not p.rec.committed:
+                    msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
                     for dst in range(self.n):
-                        if dst != self.id and not c.acks >> dst & 1:
+                        if dst != self.id and not p.acks >> dst & 1:
                             self.send(dst, msg)
                 if self.id == self.sequencer:
-                    self._assign(self.id, inst, self._keys(c.cmds))
+                    self._assign(self.id, inst, self._keys(p.cmds))
                 else:
-                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(c.cmds)))
+                    self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(p.cmds)))
         if self.id == self.sequencer:
             if self.phase == "stale":
-                if now >= self.no_vote_until and now >= self.election_due:
+                if now >= self.gate.no_vote_until and now >= self.election_due:
                     self._start_prevote()
             elif self.phase == "candidate":
                 if now - self._vote_tick >= cfg.heartbeat_ticks:
@@ -1901,7 +1937,7 @@ class SDPaxosReplica(ReplicaBase):
                 self._step_down()
             else:
                 self._sequencer_tick()
-        elif now >= self.election_due and now >= self.no_vote_until and now >= self.lease_until:
+        elif now >= self.election_due and now >= self.gate.no_vote_until and now >= self.gate.promise_until:
             self._start_prevote()
         if self._blocked_on is not None:
             self._on_blocked_tick()

@@ -85,7 +85,7 @@ def test_a_command_leader_counts_acks_of_one_ballot_only():
     t = step_until(sim, lambda: mine.ballot > b, 1010, 1200)
     assert t is not None and mine.cmds is None, "R3 accepted R4's no-op at b' for its own instance"
     phase["now"] = "resend"
-    t = step_until(sim, lambda: sim.nodes[4].clog[3][0].ballot == mine.ballot and mine.acks >> 4 & 1, t, t + 2000)
+    t = step_until(sim, lambda: sim.nodes[4].clog[3][0].ballot == mine.ballot and sim.nodes[3].unready[0].acks >> 4 & 1, t, t + 2000)
     assert t is not None, "R4 acked R3's resend of (b', no-op)"
     assert not mine.committed, "R3 chose the no-op with acks of two ballots"
     # End to end: R3 and R4 fail; the survivors recover X, and nobody executed a no-op.
@@ -163,7 +163,7 @@ def test_fig7_finds_the_last_sequencer_through_its_voters():
     t = step_until(sim, lambda: sim.nodes[1].phase in ("recovering", "normal"), t, t + 3000)
     assert t is not None, "R1 took office with R3's and R4's votes"
     sim.restart(0)
-    sim.nodes[0].no_vote_until = never  # R0 restarts as the stale owner of view 0: keep it out
+    sim.nodes[0].gate.no_vote_until = never  # R0 restarts as the stale owner of view 0: keep it out
     t = step_until(sim, lambda: sim.nodes[1].phase == "normal", t, t + 3000)
     assert t is not None, "R1 serves once a majority (R0, R4) took its O-accepts"
     only["cut"] = ((1, 3), (1, 0))  # from now on R1's O-accepts reach R4 only
@@ -182,7 +182,7 @@ def test_fig7_finds_the_last_sequencer_through_its_voters():
     sim.net.heal()
     only["cut"] = ()
     only["candidate"] = 2
-    sim.nodes[0].no_vote_until = 0
+    sim.nodes[0].gate.no_vote_until = 0
     for r in (0, 3):
         sim.nodes[r].election_due = never
     sim.run(until_ms=t + 600)  # R0's lease promise to R1 runs out

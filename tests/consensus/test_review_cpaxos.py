@@ -1,11 +1,11 @@
 """Review of ce71c3b (a proposer's tally counts acks of one ballot): a place it missed.
 
-``accept_value`` keeps the tally to one ballot, but a command leader that re-prepares
+``accept_value`` (now ``Proposal.follow``) keeps the tally to one ballot, but a command leader that re-prepares
 its *own* instances still goes on to phase 2 at its ballot after it promised a higher
 one to a peer recovering the same instances: ``_on_cprepare`` drops a recovery
 outranked by a higher prepare only when ``m.leader != self.id``, and
 ``_recovery_propose`` then accepts its own value (``accept_value`` + ``c.acks = 1 <<
-self.id``) below its promise. That self-acceptance completes a quorum for a value the
+self.id``, in the core of that time) below its promise. That self-acceptance completes a quorum for a value the
 higher-ballot recoverer did not see: two values are chosen for one C-instance.
 
 Fixed: ``_recovery_propose`` gives way when its replica promised a higher ballot
