@@ -820,6 +820,13 @@ class SDPaxosReplica(ReplicaBase):
         if p.acks.bit_count() >= self.quorum:
             self._commit_c(self.id, m.inst, p)
 
+    def _resend_caccept(self, inst: int, p: Proposal) -> None:
+        """Our instance ``inst`` again, to every peer that has not acked its ballot."""
+        msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
+        for dst in range(self.n):
+            if dst != self.id and not p.acks >> dst & 1:
+                self.send(dst, msg)
+
     def _proposal(self, leader: int, inst: int) -> Proposal | None:
         """Our proposal for ``leader``'s instance ``inst``, if we are proposing one."""
         if leader == self.id:
@@ -1493,10 +1500,7 @@ class SDPaxosReplica(ReplicaBase):
             if self.sequencer != self.id:
                 self.send(self.sequencer, CRequest(view, self.id, inst, self._keys(p.cmds)))
             if not p.rec.committed:
-                msg = CAccept(view, self.id, inst, p.ballot, p.cmds)
-                for dst in range(self.n):
-                    if dst != self.id and not p.acks >> dst & 1:
-                        self.send(dst, msg)
+                self._resend_caccept(inst, p)
         # Reads waiting on the old sequencer's answer go through the new one.
         for rid, (client, seq, op, _) in list(self._reads.items()):
             del self._reads[rid]
@@ -1906,19 +1910,13 @@ class SDPaxosReplica(ReplicaBase):
                 if not p.rec.committed and p.sent_to & suspects & ~p.acks:
                     # A peer we counted on went quiet: go to everyone else now.
                     p.sent_to = (1 << self.n) - 1
-                    msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
-                    for dst in range(self.n):
-                        if dst != self.id and not p.acks >> dst & 1:
-                            self.send(dst, msg)
+                    self._resend_caccept(inst, p)
                     continue
                 if now - p.sent_tick < resend:
                     continue
                 p.sent_tick = now
                 if not p.rec.committed:
-                    msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
-                    for dst in range(self.n):
-                        if dst != self.id and not p.acks >> dst & 1:
-                            self.send(dst, msg)
+                    self._resend_caccept(inst, p)
                 if self.id == self.sequencer:
                     self._assign(self.id, inst, self._keys(p.cmds))
                 else:
