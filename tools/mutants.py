@@ -19,6 +19,7 @@ from pathlib import Path
 
 SDP = "consensus/core/sdpaxos.py"
 MP = "consensus/core/multipaxos.py"
+RULES = "consensus/core/rules.py"
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         name="fig7-off-by-one",
-        file=SDP,
+        file=RULES,
         old="needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])",
         new="needed = c_m  # R_m may have up to C[m] + 1 ready instances (0-based C[m])",
         rule="Fig. 7 (N=5): give R_m slots until it owns C[m] + 1 of them",
@@ -531,12 +532,12 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         name="fig7-keeps-stale-old-view",
-        file=SDP,
+        file=RULES,
         old="""\
-                del log[j]  # possibly overwritten by the last view (docstring)
+            del log[j]  # possibly overwritten by the last view (docstring)
 """,
         new="""\
-                pass
+            pass
 """,
         rule="Fig. 7 (N=5): a slot reported only at a view older than the last serving one, not committed, may hold R_m's fast-executed slot",
         description="the new sequencer re-proposes a stale old-view value where the last view gave R_m a slot "

@@ -6,7 +6,9 @@ of restating them, and unit tests and the mutation list aim at them directly.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from .config import ballot_owner
 
 
 def pick_highest(reports: Iterable[Iterable[tuple[int, int, Any, bool]]], low: int = 0) -> dict[int, tuple[int, Any, bool]]:
@@ -67,3 +69,53 @@ def fig7_fill(log: dict[int, Any], base: int, m: Any, needed: int, below: int, e
         if first_empty is None:
             first_empty = max(log, default=base - 1) + 1
         log[first_empty] = m
+
+
+def fig7(
+    n: int,
+    base: int,
+    log: dict[int, int],
+    best: dict[int, tuple[int, Any, bool]] | None,
+    voters: list[int],
+    last_view: int,
+    c_max_reports: list[list[int]],
+    below: Callable[[int], int],
+) -> tuple[int, int] | None:
+    """SDPaxos Fig. 7 (N = 5), a new sequencer's blind spot: holes may hold slots
+    fast-committed by the one replica R_m that neither voted nor was the last
+    sequencer; give them to R_m until it owns as many slots as C-instances a voter
+    accepted from it.
+
+    A slot whose highest report is from a view older than the last serving one
+    (and not committed) is a hole too: had that old value been chosen, the last
+    view's phase 1 would have found it and re-proposed it in its recovered log,
+    which a voter that reports that view holds whole (so the slot would be
+    reported at the last view). Not chosen, the last sequencer may have given the
+    slot to R_m, and R_m may have executed it on the fast path (found by the
+    steered search: a stale view-36 report at a slot view 67 gave R_m, which
+    executed it).
+
+    ``log``: {slot: leader} from phase 1 (``pick_highest``'s ``best``), mutated.
+    ``voters``: the candidate and its voters. ``last_view``: the highest view any of
+    them reports having taken O-accepts of (``o_view``). ``c_max_reports``: per
+    reporter, its highest accepted C-instance per leader. ``below(m)``: O-slots naming
+    ``m`` under ``base``. Returns ``(R_m, slots it must own)`` when there is a blind
+    spot, else None.
+    """
+    last_seq = ballot_owner(last_view)
+    if last_seq in voters:
+        return None  # the last sequencer reported every slot it proposed: no blind spot
+    others = [r for r in range(n) if r not in voters and r != last_seq]
+    if len(others) != 1:
+        return None
+    m = others[0]
+    if best is not None:
+        for j in [j for j, (view, _leader, committed) in best.items()
+                  if j >= base and view < last_view and not committed and j in log]:
+            del log[j]  # possibly overwritten by the last view (docstring)
+    c_m = max(report[m] for report in c_max_reports)
+    if c_m < 0:
+        return None
+    needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
+    fig7_fill(log, base, m, needed, below(m))
+    return m, needed

@@ -62,7 +62,8 @@ Where each rule lives (one role at a time, ``../shared/reviews/core-structure-20
   one ballot (``follow``). ``unready`` (our own instances) and
   ``CRecovery.accepting`` hold proposals; ``clog`` holds records.
 - ``rules``: ``pick_highest`` (phase 1, shared with Multi-Paxos), ``ready_limit``
-  (Fig. 5), ``fig7_fill`` (Fig. 7 lines 32-36), pure and table-tested.
+  (Fig. 5), ``fig7`` (Fig. 7's blind spot; ``_fig7`` gathers what the voters
+  report), pure and table-tested.
 
 Durable records (``Ready.persist``), replayed by ``__init__(records=...)``:
 ``["P", leader, ballot]`` promise; ``["C", leader, inst, ballot, cmds]`` accepted;
@@ -140,7 +141,7 @@ from .messages import (
 )
 from .ready import Reply
 from .replica import ALIVE, ReplicaBase, handles
-from .rules import fig7_fill, pick_highest, ready_limit
+from .rules import fig7, pick_highest, ready_limit
 from .statemachine import StateMachine
 from .views import ViewGate
 
@@ -1728,41 +1729,19 @@ class SDPaxosReplica(ReplicaBase):
         self._ping()
 
     def _fig7(self, base: int, log: dict[int, int], voters: list[int], best: dict | None = None) -> tuple[int, int] | None:
-        """N = 5 (paper Fig. 7): holes may hold slots fast-committed by the one
-        replica R_m that neither voted nor was the last sequencer; give them to R_m
-        until it owns as many slots as C-instances a voter accepted from it.
-
-        A slot whose highest report is from a view older than the last serving one
-        (and not committed) is a hole too: had that old value been chosen, the last
-        view's phase 1 would have found it and re-proposed it in its recovered log,
-        which a voter that reports that view holds whole (so the slot would be
-        reported at the last view). Not chosen, the last sequencer may have given the
-        slot to R_m, and R_m may have executed it on the fast path (found by the
-        steered search: a stale view-36 report at a slot view 67 gave R_m, which
-        executed it)."""
-        # The last sequencer that may have proposed unseen slots. It served only once
-        # a majority took its O-accepts, so some voter reports its view (o_view); a
-        # higher reported view whose sequencer never served re-proposed every slot
-        # that may have been executed, to the voter that reports it.
+        """N = 5 (paper Fig. 7): ``rules.fig7`` on what this candidate and its voters
+        report. The last sequencer that may have proposed unseen slots served only once
+        a majority took its O-accepts, so some voter reports its view (``o_view``); a
+        higher reported view whose sequencer never served re-proposed every slot that
+        may have been executed, to the voter that reports it."""
+        votes = self.votes.values()
         last_view = max([self.o_view] + [v.o_view for v in self.votes.values()])
-        last_seq = ballot_owner(last_view)
-        if last_seq in voters:
-            return  # the last sequencer reported every slot it proposed: no blind spot
-        others = [r for r in range(self.n) if r not in voters and r != last_seq]
-        if len(others) != 1:
-            return
-        m = others[0]
-        if best is not None:
-            for j in [j for j, (view, _leader, committed) in best.items()
-                      if j >= base and view < last_view and not committed and j in log]:
-                del log[j]  # possibly overwritten by the last view (docstring)
-        c_m = max([self.c_max[m]] + [v.c_max[m] for v in self.votes.values()])
-        if c_m < 0:
-            return
-        needed = c_m + 1  # R_m may have up to C[m] + 1 ready instances (0-based C[m])
-        below = self.floor_inst[m] + sum(1 for j, s in self.oslots.items() if j < base and s.leader == m)
-        fig7_fill(log, base, m, needed, below)
-        return m, needed
+        oslots, floor_inst = self.oslots, self.floor_inst
+
+        def below(m: int) -> int:  # O-slots naming m under base (compacted ones included)
+            return floor_inst[m] + sum(1 for j, s in oslots.items() if j < base and s.leader == m)
+
+        return fig7(self.n, base, log, best, voters, last_view, [self.c_max] + [v.c_max for v in votes], below)
 
     def _rebuild_sequencer_state(self, end: int) -> None:
         end = max(end, self.floor_slot)
