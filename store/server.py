@@ -116,7 +116,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
             raise NodeError(f"config {config_file} is not valid TOML: {e}") from None
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
-             "sequencer", "machine", "hived_config", "http"}
+             "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -141,7 +141,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
                            ("election_ms", "election_ms", float), ("lease_ms", "lease_ms", float),
                            ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
                            ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
-                           ("machine", "machine", str)):
+                           ("machine", "machine", str), ("clients_max", "clients_max", int),
+                           ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float)):
         if key in raw:
             try:
                 setattr(cfg, attr, typ(raw[key]))

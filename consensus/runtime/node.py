@@ -140,6 +140,12 @@ class NodeConfig:
     # The replicated machine by name (consensus.machines) and its start config.
     machine: str = "kv"
     machine_config: Any = None
+    # Client connections: at most this many; one that sent nothing and waits for no
+    # answer this long is closed (clients reconnect); so is one that leaves a frame
+    # unfinished this long (a half-sent frame holds a buffer).
+    clients_max: int = 4096
+    client_idle_s: float = 300.0
+    client_frame_s: float = 30.0
     extra: dict = field(default_factory=dict)
 
     def protocol_config(self) -> ProtocolConfig:
@@ -167,6 +173,12 @@ class NodeConfig:
             raise NodeError(f"node id {self.node_id} is not among the peers {sorted(self.peers)}")
         if self.protocol not in PROTOCOLS:
             raise NodeError(f"unknown protocol {self.protocol!r} (sdpaxos or multipaxos)")
+        if type(self.clients_max) is not int or self.clients_max < 1:
+            raise NodeError(f"clients_max must be a whole number >= 1, not {self.clients_max!r}")
+        for name in ("client_idle_s", "client_frame_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise NodeError(f"{name} must be a number of seconds > 0, not {value!r}")
         if self.fsync not in ("always", "batch", "never"):
             raise NodeError(f"unknown fsync mode {self.fsync!r} (always, batch or never)")
         if not 0 <= self.initial_sequencer < n:
@@ -184,17 +196,31 @@ class _ClientConn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.out: list = []
         self.closed = False
+        self.last_rx = time.monotonic()  # when bytes last arrived
+        self.partial_since = 0.0  # when the unfinished frame in the decoder began (0: none)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.node._clients.add(self)
+        node = self.node
+        if len(node._clients) >= node.cfg.clients_max:
+            node.stats["clients_refused"] += 1
+            log.warning("client connection refused: %d connections already (clients_max)", len(node._clients))
+            self.abort()
+            return
+        node._clients.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_rx = now = time.monotonic()
         try:
             sizes: list[int] = []
             frames = self.decoder.feed(data, sizes)
+            if self.decoder.buffered_bytes:
+                if not self.partial_since or frames:
+                    self.partial_since = now  # a new frame began
+            else:
+                self.partial_since = 0.0
             for frame, size in zip(frames, sizes):
                 requests = clientwire.parse_requests(frame)
                 if size > clientwire.MAX_COMMAND_BYTES:
@@ -226,6 +252,13 @@ class _ClientConn(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+    def close(self) -> None:
+        """Close after what is queued for it was written (idle: nothing is owed)."""
+        self.flush()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _LocalConn:
@@ -282,7 +315,7 @@ class Node:
         self.sm_factory = sm_factory
         self._local = _LocalConn()
         self.stats: dict[str, int] = {
-            "client_bad_frames": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
+            "client_bad_frames": 0, "clients_refused": 0, "client_frame_timeouts": 0, "client_idle_closed": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
             "snapshots_installed": 0, "snapshots_served": 0, "refused_busy": 0,
             "refused_too_large": 0, "refused_invalid": 0, "peer_envelopes_split": 0, "peer_messages_oversized": 0,
         }
@@ -292,6 +325,7 @@ class Node:
         self.transport: PeerTransport | None = None
         self._client_server: asyncio.Server | None = None
         self._clients: set[_ClientConn] = set()
+        self._client_sweep_due = 0.0
         self._dirty_clients: list[_ClientConn] = []
         self._waiters: dict[tuple, _ClientConn] = {}
         self._outbox: deque = deque()  # (wal seq, messages, replies) awaiting durability
@@ -520,6 +554,9 @@ class Node:
                 return
         try:
             self._check_pull()
+            if now >= self._client_sweep_due:
+                self._client_sweep_due = now + 1.0
+                self._sweep_clients(now)
         except Exception as e:
             self._fail(f"internal error in the tick timer: {_describe(e)}", e)
             return
@@ -528,6 +565,25 @@ class Node:
         delay = max(0.0, self._t0 + (self._ticks_done + 1) * tick_s - now)
         self._timer_due = now + delay
         self._tick_handle = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _sweep_clients(self, now: float) -> None:
+        """Close client connections that hold a half-sent frame for ``client_frame_s``,
+        or that sent nothing for ``client_idle_s`` and wait for no answer."""
+        cfg = self.cfg
+        busy: set[int] | None = None
+        for conn in list(self._clients):
+            if conn.closed:
+                continue
+            if conn.partial_since and now - conn.partial_since >= cfg.client_frame_s:
+                self.stats["client_frame_timeouts"] += 1
+                log.warning("client connection closed: a frame unfinished for %.0f s", now - conn.partial_since)
+                conn.abort()
+            elif now - conn.last_rx >= cfg.client_idle_s:
+                if busy is None:
+                    busy = {id(c) for c in self._waiters.values()}
+                if id(conn) not in busy:
+                    self.stats["client_idle_closed"] += 1
+                    conn.close()
 
     def _on_peer_frames(self, peer: int, frames: list) -> None:
         """Frames from an authenticated peer. A ``ProtocolError`` (the peer's fault)
