@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("store.server:up", "Start a local cluster on 127.0.0.1 until Ctrl-C."),
     "demo": ("store.demo:demo", "Local cluster, live workload, sequencer killed and restarted."),
     "bench": ("bench.cluster_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side."),
+    "steady": ("bench.steady:steady", "A steady load with snapshots on: view changes, loop pauses, p99.9."),
     "status": ("store.admin_cli:status", "Each replica's role, view, sequencer, executed slot and digest."),
     "sequencer": ("store.admin_cli:sequencer", "Move the sequencer: sequencer transfer --to ID."),
     "kv": ("store.kv_cli:kv", "Keys and values: kv put|get|del|txn (client ports), kv watch (HTTP ports)."),

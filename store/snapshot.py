@@ -177,7 +177,13 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
     assert (seq, slot, meta_len, body_len) == (snap.seq, snap.slot, len(snap.meta), len(snap.body))
     path = os.path.join(directory, snapshot_name(snap.seq, snap.slot))
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    write_file_synced(tmp, data)
+    return place_snapshot(directory, tmp, snap, keep=keep)
+
+
+def write_file_synced(path: str, data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` to a new ``path`` and fsync it (not its directory)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:  # each write makes progress or raises
@@ -185,6 +191,15 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def place_snapshot(directory: str, tmp: str, snap: Snapshot, *, keep: int = 2) -> str:
+    """Rename the synced image ``tmp`` of ``snap`` into place (``directory`` already
+    durable in its parent), then delete all but the ``keep`` newest snapshots and any
+    leftover temporary files. Returns the path."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    path = os.path.join(directory, snapshot_name(snap.seq, snap.slot))
     os.replace(tmp, path)
     fsync_dir(directory)
 

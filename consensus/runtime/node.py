@@ -53,7 +53,9 @@ from consensus.machines import MACHINES, machine_factory, stamper, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
-from store.snapshot import Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot, load_latest, write_snapshot
+from consensus.core.replica import ReplicaBase
+from store.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot,
+                            load_latest, place_snapshot, write_file_synced, write_snapshot)
 from store.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
 
 log = logging.getLogger("cellar.node")
@@ -143,6 +145,9 @@ class NodeConfig:
     # Client connections: at most this many; one that sent nothing and waits for no
     # answer this long is closed (clients reconnect); so is one that leaves a frame
     # unfinished this long (a half-sent frame holds a buffer).
+    # Take our own snapshots in a forked child (copy-on-write: the loop never pauses
+    # to encode the state); False: on the loop, as on platforms without fork.
+    snapshot_fork: bool = True
     clients_max: int = 4096
     client_idle_s: float = 300.0
     client_frame_s: float = 30.0
@@ -185,6 +190,20 @@ class NodeConfig:
             raise NodeError(f"initial sequencer {self.initial_sequencer} is not a replica")
         if self.machine not in MACHINES:
             raise NodeError(f"unknown machine {self.machine!r} ({', '.join(MACHINES)})")
+
+
+def _exit_code(pid: int) -> int:
+    """Wait for our child ``pid``; its exit status (128 + n if killed by signal n)."""
+    _pid, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _read_snapshot_file(path: str) -> tuple[bytes, Snapshot]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return data, decode_snapshot(data, path)
 
 
 class _ClientConn(asyncio.Protocol):
@@ -315,7 +334,7 @@ class Node:
         self.sm_factory = sm_factory
         self._local = _LocalConn()
         self.stats: dict[str, int] = {
-            "client_bad_frames": 0, "clients_refused": 0, "client_frame_timeouts": 0, "client_idle_closed": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
+            "client_bad_frames": 0, "snapshot_forks": 0, "clients_refused": 0, "client_frame_timeouts": 0, "client_idle_closed": 0, "peer_bad_messages": 0, "snapshots_taken": 0,
             "snapshots_installed": 0, "snapshots_served": 0, "refused_busy": 0,
             "refused_too_large": 0, "refused_invalid": 0, "peer_envelopes_split": 0, "peer_messages_oversized": 0,
         }
@@ -344,6 +363,9 @@ class Node:
         self._snap_slot = 0
         self._snap_task: asyncio.Task | None = None
         self._snap_bytes: bytes | None = None  # our latest snapshot, encoded (served to peers)
+        self._snap_child = 0  # pid of the forked child encoding our snapshot (0: none)
+        self._snap_forks = 0
+        self._snap_retry_at = 0.0  # the core had no snapshot to give: not before this
         self._live_starts: deque = deque(maxlen=2)  # WAL seq where each kept snapshot's live records begin
         self._pull: tuple[int, SnapshotReceiver, float] | None = None
         # A peer's snapshot, fetched, waiting for the end of a _process turn to be installed.
@@ -477,6 +499,11 @@ class Node:
                 except Exception as e:  # bounded by its own timeout; keep shutting down
                     log.info("node %d: closing the peer transport: %r", self.cfg.node_id, e)
             task = self._snap_task
+            if self._snap_child:
+                try:
+                    os.kill(self._snap_child, 9)  # its waiter reaps it
+                except ProcessLookupError:
+                    pass
             if task is not None and task is not asyncio.current_task():
                 await asyncio.wait([task], timeout=10)
             await self._close_storage()
@@ -915,9 +942,13 @@ class Node:
     def _maybe_snapshot(self) -> None:
         every = self.cfg.snapshot_every
         replica = self.replica
-        if not every or self._snap_task is not None or not hasattr(replica, "take_snapshot"):
+        if not every or self._snap_task is not None or type(replica).take_snapshot is ReplicaBase.take_snapshot:
             return
         if getattr(replica, "exec_slot", 0) - self._snap_slot < every:
+            return
+        if self.cfg.snapshot_fork and hasattr(os, "fork"):
+            if time.monotonic() >= self._snap_retry_at:
+                self._fork_snapshot()
             return
         try:
             taken = replica.take_snapshot()
@@ -930,6 +961,90 @@ class Node:
         self._snap_slot = meta["slot"]
         snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"])
         self._snap_task = asyncio.get_running_loop().create_task(self._save_own_snapshot(snap, meta))
+
+    def _fork_snapshot(self) -> None:
+        """``take_snapshot`` in a forked child, which sees the replica exactly as it is
+        now (copy-on-write) while this process goes on serving: the child encodes the
+        state and writes a synced temporary image, then ``_save_forked_snapshot``
+        stores it as ``_save_own_snapshot`` would (after the records up to it are
+        durable) and compacts. The child runs only pure code and ``os`` calls, and
+        leaves with ``os._exit`` (no atexit handlers, no buffered output)."""
+        directory = os.path.join(self.cfg.data_dir, "snapshots")
+        makedirs_durable(directory)
+        seq = self.wal.last_seq
+        self._snap_forks += 1
+        tmp = os.path.join(directory, f"snap-fork-{self._snap_forks}.snap.tmp")
+        replica = self.replica
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                taken = replica.take_snapshot()
+                if taken is None:
+                    code = 3
+                else:
+                    meta, state = taken
+                    write_file_synced(tmp, encode_snapshot(
+                        Snapshot(seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"])))
+                    code = 0
+            except BaseException:
+                try:
+                    os.write(2, f"cellar snapshot child: {traceback.format_exc()}".encode(errors="replace"))
+                except BaseException:
+                    pass
+            finally:
+                os._exit(code)
+        self._snap_child = pid
+        self.stats["snapshot_forks"] += 1
+        self._snap_task = asyncio.get_running_loop().create_task(self._save_forked_snapshot(pid, tmp, directory))
+
+    async def _save_forked_snapshot(self, pid: int, tmp: str, directory: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            code = await loop.run_in_executor(None, _exit_code, pid)
+            self._snap_child = 0
+            if self._down:
+                return
+            if code == 3:  # nothing to snapshot yet (N = 5: a slot executed before its commit)
+                self._snap_retry_at = time.monotonic() + 0.1
+                return
+            if code != 0:
+                raise OSError(f"the snapshot process failed (exit status {code}; its error is in the log)")
+            data, snap = await loop.run_in_executor(None, _read_snapshot_file, tmp)
+            meta = msgpack.unpackb(snap.meta, raw=False)
+            # As _save_own_snapshot: stored only once every record up to it is durable.
+            await self.committer.durable(snap.seq)
+            if self._down:
+                return
+            await loop.run_in_executor(None, lambda: place_snapshot(directory, tmp, snap, keep=2))
+            if self._down:
+                return
+            self._snap_bytes = data
+            self._snap_slot = max(self._snap_slot, meta["slot"])
+            try:
+                live = self.replica.compact(meta)
+            except Exception as e:
+                self._core_failed("compact", e)
+                return
+            await self._write_live(live, installed=False)
+            self.stats["snapshots_taken"] += 1
+            self._kick()
+        except Exception as e:  # a failed write of durable state: never carry on
+            if not self._down:
+                self._fail(f"storing a snapshot failed: {_describe(e)}", e)
+        finally:
+            self._stop_snapshot_child()
+            self._snap_task = None
+
+    def _stop_snapshot_child(self) -> None:
+        """End our snapshot child if it still runs (we are stopping), by its pid."""
+        pid, self._snap_child = self._snap_child, 0
+        if pid:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     async def _save_own_snapshot(self, snap: Snapshot, meta: dict) -> None:
         """``take_snapshot`` (done) → store it durably → ``compact`` → live records
