@@ -290,8 +290,11 @@ class CellarClient:
             raise _error(result)
         return result
 
-    async def status(self, node: int) -> dict:
-        return await self.call_once(node, clientwire.STATUS, 0, 0, None)
+    async def status(self, node: int, *, digest: bool = True) -> dict:
+        """Node ``node``'s status. The digest of its state costs the node a pass over
+        the whole state on its event loop: monitoring that polls should leave it out
+        (``digest=False``; the answer then has ``"digest": None``)."""
+        return await self.call_once(node, clientwire.STATUS, 0, 0, None if digest else {"digest": False})
 
     # Convenience: one default session.
     def _session(self) -> Session:

@@ -10,7 +10,8 @@ turn, not one per command::
 Kinds: ``WRITE`` (answered once the command can no longer be lost: SDPaxos's
 "ready"), ``CALL`` (answered with the result of executing it), ``READ`` (a read-only
 ``op``; served under the sequencer lease when possible), ``STATUS`` (the node's status
-and the digest of its state; ``op`` ignored), ``ADMIN`` (operator actions, below).
+and the digest of its state; ``op`` ``{"digest": false}`` leaves the digest out, a pass
+over the whole state), ``ADMIN`` (operator actions, below).
 
 A request that is not of this shape closes the connection (like a malformed peer
 frame): the node cannot tell whom to answer. A request whose ``op`` encodes to more

@@ -659,7 +659,7 @@ class Node:
         for kind, client, seq, op in requests:
             if kind == clientwire.STATUS:
                 try:
-                    st = self.status()
+                    st = self.status(digest=not (type(op) is dict and op.get("digest") is False))
                 except Exception as e:
                     self._core_failed("status", e)
                     return
@@ -1255,10 +1255,10 @@ class Node:
             self._digest_cache = (at, sm.digest())
         return self._digest_cache[1]
 
-    def status(self) -> dict:
+    def status(self, digest: bool = True) -> dict:
         replica = self.replica
         st = dict(replica.status())
-        st["digest"] = self._digest()
+        st["digest"] = self._digest() if digest else None
         st["cluster_id"] = self.cfg.cluster_id
         st["fsync"] = self.cfg.fsync
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
