@@ -293,6 +293,23 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     return 0
 
 
+def exit_with_parent(pid: int) -> None:
+    """Linux: have the kernel send us SIGTERM when our parent exits, however it exits
+    (a ``cellar up`` or a test killed with SIGKILL must not orphan its replicas); if it
+    is already gone (it died before this line), stop now. Elsewhere: nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != pid:
+        click.echo(f"cellar serve: the process that started us ({pid}) is gone; not starting", err=True)
+        sys.exit(2)
+
+
 def install_loop() -> None:
     try:
         import uvloop
@@ -317,10 +334,14 @@ def install_loop() -> None:
 @click.option("--hived-config", type=click.Path(dir_okay=False), help="The scheduler's HiveD config file.")
 @click.option("--http", "http", help="Serve the machine's HTTP API on HOST:PORT (KV: store/kv_http.py).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
+@click.option("--exit-with-parent", "parent_pid", type=int, hidden=True,
+              help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, ready_file, log_level) -> None:
+          snapshot_every, machine, hived_config, http, ready_file, parent_pid, log_level) -> None:
     """Run one replica."""
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     logging.basicConfig(level=getattr(logging, str(log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -379,7 +400,8 @@ class LocalCluster:
         return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec,
                 "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
                 "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
-                "--ready-file", self._ready_file(i), "--log-level", self.log_level, *self.extra_args,
+                "--ready-file", self._ready_file(i), "--exit-with-parent", str(os.getpid()),
+                "--log-level", self.log_level, *self.extra_args,
                 *(["--http", f"127.0.0.1:{self.http_ports[i]}"] if self.http_ports else [])]
 
     def _ready_file(self, i: int) -> str:

@@ -146,3 +146,21 @@ async def test_status_and_sequencer_transfer_from_the_cli(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def test_sigkill_of_cellar_up_does_not_orphan_its_replicas(tmp_path):
+    """``cellar up`` killed with SIGKILL (no handler runs): the kernel tells each
+    replica its parent died (PR_SET_PDEATHSIG) and each stops as on SIGTERM."""
+    proc, _base = _start_up(tmp_path)
+    try:
+        pids = _pids(tmp_path)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(p) for p in pids), f"replicas orphaned: {[p for p in pids if not _gone(p)]}"
+    finally:
+        for p in _pids(tmp_path):
+            if not _gone(p):
+                os.kill(p, signal.SIGKILL)
