@@ -37,6 +37,7 @@ import asyncio
 import random
 import threading
 import time
+from collections import deque
 from typing import Any, Iterable
 
 import msgpack
@@ -113,7 +114,11 @@ def parse_addresses(addresses: Any) -> list[tuple[str, int]]:
 
 
 class _NodeConn(asyncio.Protocol):
-    """One connection to one node; requests batched per loop turn, replies by (client, seq)."""
+    """One connection to one node; requests batched per loop turn, replies by (client, seq).
+
+    Each request has a deadline; one timer per connection fails the overdue ones with
+    ``TimeoutError`` (rather than an ``asyncio.wait_for`` task per request, which cost
+    a tenth of the client's time per write)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -122,6 +127,10 @@ class _NodeConn(asyncio.Protocol):
         self.queue: list = []
         self.closed = False
         self._flush_scheduled = False
+        # (deadline, future) in submission order; deadlines grow with it when every
+        # request of a connection has the same timeout, so the sweep stops early.
+        self._deadlines: deque = deque()
+        self._sweep: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -144,26 +153,61 @@ class _NodeConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self._deadlines.clear()
         err = ConnectionError("connection to the node was lost")
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(err)
         self.pending.clear()
 
-    def submit(self, kind: int, client: Any, seq: int, op: Any) -> asyncio.Future:
+    def submit(self, kind: int, client: Any, seq: int, op: Any, timeout_s: float | None = None) -> asyncio.Future:
+        """Send one request (with the others of this loop turn); the future gets
+        ``(status, result)``, or ``TimeoutError`` after ``timeout_s``, or
+        ``ConnectionError`` if the connection is lost first."""
         if self.closed:
             raise ConnectionError("connection is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        old = self.pending.get((client, seq))
+        key = (client, seq)
+        old = self.pending.get(key)
         if old is not None and not old.done():
             old.cancel()
-        self.pending[(client, seq)] = fut
+        self.pending[key] = fut
         self.queue.append([kind, client, seq, op])
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
+        if timeout_s is not None:
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][2].done():  # answered: amortized O(1) per request
+                deadlines.popleft()
+            deadlines.append((loop.time() + timeout_s, key, fut))
+            if self._sweep is None:
+                self._sweep = loop.call_at(self._deadlines[0][0], self._expire)
         return fut
+
+    def _expire(self) -> None:
+        """Fail the requests past their deadline; re-arm for the next one."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines, pending = self._deadlines, self.pending
+        while deadlines:
+            due, key, fut = deadlines[0]
+            if fut.done():
+                deadlines.popleft()
+                continue
+            if due > now:
+                break
+            deadlines.popleft()
+            if pending.get(key) is fut:
+                del pending[key]
+            fut.set_exception(TimeoutError())
+        if deadlines and not self.closed:
+            self._sweep = loop.call_at(max(deadlines[0][0], now + 0.001), self._expire)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -284,8 +328,10 @@ class CellarClient:
 
     async def call_once(self, node: int, kind: int, client: Any, seq: int, op: Any) -> Any:
         """One attempt at one node; raises on timeout or a lost connection."""
-        conn = await self.connection(node)
-        status, result = await asyncio.wait_for(conn.submit(kind, client, seq, op), self.timeout_s)
+        conn = self._conns.get(node)
+        if conn is None or conn.closed:
+            conn = await self.connection(node)
+        status, result = await conn.submit(kind, client, seq, op, self.timeout_s)
         if status != clientwire.OK:
             raise _error(result)
         return result
