@@ -165,6 +165,11 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
                              as_json, quiet)
         return
     sessions = sessions or 256
+    if plot_path:  # before the run, not after it
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise click.ClickException("--plot needs matplotlib: python3 -m pip install -e '.[bench]'")
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))

@@ -12,6 +12,7 @@ the file and line). ``--json`` prints ``{"linearizable": true|false|null, "ops":
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -30,7 +31,8 @@ EXIT_OK, EXIT_INVALID, EXIT_UNKNOWN = 0, 1, 2
 @click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), required=True, help="Sequential specification.")
 @click.argument("history_file", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Seconds before answering unknown.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=300.0, show_default=True,
+              help="Seconds before answering unknown.")
 @click.option(
     "--memory-mb",
     type=int,
@@ -68,7 +70,12 @@ def check(
     if report_path:
         from .report import write_report
 
-        write_report(report_path, ops, model, result, title=f"{history_file} ({model_name})")
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
+            write_report(report_path, ops, model, result, title=f"{history_file} ({model_name})")
+        except OSError as exc:
+            click.echo(f"error: cannot write the report {report_path}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_UNKNOWN)
     if as_json:
         click.echo(json.dumps(result.to_json()))
     else:

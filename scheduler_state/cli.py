@@ -34,7 +34,10 @@ def validate(config: Path, as_json: bool) -> None:
     try:
         cfg = load_config(config)
     except ConfigError as exc:
-        click.echo(f"{config}: invalid: {exc}", err=True)
+        if as_json:
+            click.echo(json.dumps({"valid": False, "file": str(config), "error": str(exc)}))
+        else:
+            click.echo(f"{config}: invalid: {exc}", err=True)
         sys.exit(1)
     summary = cfg.summary()
     if as_json:
@@ -53,12 +56,12 @@ def validate(config: Path, as_json: bool) -> None:
 
 
 @scheduler.command()
-@click.option("--nodes", default=1024, show_default=True, help="Nodes of 8 GPUs (a multiple of 16).")
-@click.option("--vcs", default=8, show_default=True, help="Virtual clusters sharing the cluster.")
-@click.option("--ops", default=50_000, show_default=True, help="Timed allocate/release commands.")
-@click.option("--warmup", default=2_000, show_default=True, help="Untimed commands first.")
+@click.option("--nodes", type=click.IntRange(16, 1 << 20), default=1024, show_default=True, help="Nodes of 8 GPUs (a multiple of 16).")
+@click.option("--vcs", type=click.IntRange(1, 4096), default=8, show_default=True, help="Virtual clusters sharing the cluster.")
+@click.option("--ops", type=click.IntRange(1, 100_000_000), default=50_000, show_default=True, help="Timed allocate/release commands.")
+@click.option("--warmup", type=click.IntRange(0, 100_000_000), default=2_000, show_default=True, help="Untimed commands first.")
 @click.option("--seed", default=1, show_default=True, help="Seed of the command generator.")
-@click.option("--utilization", default=0.6, show_default=True, help="Target share of GPUs in use.")
+@click.option("--utilization", type=click.FloatRange(0, 1, min_open=True), default=0.6, show_default=True, help="Target share of GPUs in use.")
 @click.option("--gc-freeze/--no-gc-freeze", default=False, show_default=True,
               help="gc.freeze() the built cluster, as a long-running replica would.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")

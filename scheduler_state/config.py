@@ -173,9 +173,11 @@ def load_config(source: str | bytes | dict[str, Any] | Path) -> Config:
     """Parse and validate a HiveD config; raise ``ConfigError`` naming the bad entry."""
     if isinstance(source, Path):
         try:
-            source = source.read_text()
+            source = source.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     if isinstance(source, (str, bytes)):
         try:
             doc = yaml.safe_load(source)

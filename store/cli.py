@@ -8,6 +8,7 @@ Each entry of ``SUBCOMMANDS`` maps a name to ``module:attribute`` (a click comma
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -46,6 +47,22 @@ class LazyGroup(click.Group):
                 raise click.ClickException(f"'{cmd_name}' is not available in this build") from exc
             raise
         return getattr(module, attr)
+
+    def invoke(self, ctx: click.Context):
+        """Every command: a failure nobody foresaw is one line and exit status 1, never
+        a traceback (``CELLAR_DEBUG=1`` shows it)."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except Exception as exc:
+            if os.environ.get("CELLAR_DEBUG"):
+                raise
+            name = ctx.invoked_subcommand or ctx.info_name or "cellar"
+            text = " ".join(str(exc).split())[:300]
+            click.echo(f"cellar {name}: internal error: {type(exc).__name__}"
+                       f"{': ' + text if text else ''} (CELLAR_DEBUG=1 shows where)", err=True)
+            ctx.exit(1)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in sorted(SUBCOMMANDS)]

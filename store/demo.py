@@ -100,6 +100,8 @@ async def run_demo(replicas: int, seconds: float, sessions: int, protocol: str, 
             await chaos_task
             echo("")
             stall = res.longest_gap_ms(events["kill"], events.get("restart", events["kill"]) + 1.0)
+            echo("verifying: waiting for every replica to reach the same state, then reading back "
+                 f"{len(res.acked_writes):,} acknowledged writes ...")
             statuses = await converge(cellar, list(range(replicas)), 60)
             # Every acknowledged write must be readable with its acknowledged value.
             reader = cellar.session()

@@ -329,7 +329,7 @@ def install_loop() -> None:
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]))
 @click.option("--cluster-id", help="Refuse peers and data dirs of another cluster.")
 @click.option("--sequencer", type=int, help="Initial sequencer (leader) id.")
-@click.option("--snapshot-every", type=int, help="Executed slots between snapshots (0: never).")
+@click.option("--snapshot-every", type=click.IntRange(0), help="Executed slots between snapshots (0: never).")
 @click.option("--machine", type=click.Choice(["kv", "scheduler"]), help="The replicated machine (default kv).")
 @click.option("--hived-config", type=click.Path(dir_okay=False), help="The scheduler's HiveD config file.")
 @click.option("--http", "http", help="Serve the machine's HTTP API on HOST:PORT (KV: store/kv_http.py).")

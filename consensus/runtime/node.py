@@ -178,6 +178,18 @@ class NodeConfig:
             raise NodeError(f"node id {self.node_id} is not among the peers {sorted(self.peers)}")
         if self.protocol not in PROTOCOLS:
             raise NodeError(f"unknown protocol {self.protocol!r} (sdpaxos or multipaxos)")
+        if type(self.snapshot_every) is not int or self.snapshot_every < 0:
+            raise NodeError(f"snapshot_every must be a whole number >= 0 (0: never), not {self.snapshot_every!r}")
+        for name in ("batch_max", "inflight_max"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise NodeError(f"{name} must be a whole number >= 1, not {getattr(self, name)!r}")
+        addresses = [tuple(a) for a in self.peers.values()]
+        if len(set(addresses)) != len(addresses):
+            dup = sorted({f"{h}:{p}" for h, p in addresses if addresses.count((h, p)) > 1})
+            raise NodeError(f"two replicas share the peer address {', '.join(dup)}: each needs its own")
+        if tuple(self.client_address) in addresses:
+            h, p = self.client_address
+            raise NodeError(f"the client address {h}:{p} is also a peer address")
         if type(self.clients_max) is not int or self.clients_max < 1:
             raise NodeError(f"clients_max must be a whole number >= 1, not {self.clients_max!r}")
         for name in ("client_idle_s", "client_frame_s"):

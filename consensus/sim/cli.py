@@ -89,7 +89,10 @@ def sim(
     if ctx.invoked_subcommand is not None:
         return
     n = int(replicas)
-    sequencer = _resolve_sequencer(sequencer_site, n, rtt, rtt_file)
+    try:
+        sequencer = _resolve_sequencer(sequencer_site, n, rtt, rtt_file)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     cfg = SimConfig(
         protocol=protocol,
         replicas=n,

@@ -24,7 +24,10 @@ LAN_LOCAL_RTT_MS = 0.05
 
 def load_rtt_file(path: str | Path) -> tuple[tuple[str, ...], dict[str, dict[str, float]]]:
     """Read ``{"regions": [...], "rtt_ms": {a: {b: ms}}}``; the matrix may be one-sided."""
-    doc = json.loads(Path(path).read_text())
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a JSON RTT table ({exc})") from None
     try:
         regions = tuple(doc["regions"])
         raw = doc["rtt_ms"]
@@ -35,8 +38,10 @@ def load_rtt_file(path: str | Path) -> tuple[tuple[str, ...], dict[str, dict[str
                 if value is None:
                     raise KeyError(f"{a}-{b}")
                 rtt[a][b] = float(value)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not an RTT table (missing {exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not an RTT table ({exc})") from None
     return regions, rtt
 
 
