@@ -395,7 +395,7 @@ class Session:
                 self.retries += 1
                 await asyncio.sleep(min(backoff, 0.05))
             if time.monotonic() > deadline:
-                raise Unavailable(f"no node answered command {seq} within {cellar.deadline_s:.0f} s")
+                raise Unavailable(f"no node answered command {seq} within {cellar.deadline_s:g} s")
 
     async def put(self, key: Any, value: Any) -> None:
         await self.request(clientwire.WRITE, ["put", key, value])
