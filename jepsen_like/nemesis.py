@@ -1,0 +1,236 @@
+"""Jepsen's *nemesis* role: faults on real processes.
+
+- ``IptablesNet``: network partitions between the nodes' loopback addresses
+  (``jepsen_like.db``), as DROP rules in a chain of our own (``CELLAR-NEM-<pid>``)
+  jumped to from INPUT. Loopback packets pass INPUT on receipt, so a rule naming
+  source and destination cuts one direction of one pair; clients (from 127.0.0.1)
+  are never cut. ``heal`` flushes the chain; ``close`` removes the jump and the chain
+  (also at exit, and ``sweep_stale_chains`` removes chains a killed harness left).
+  Partitions: halves, isolate one node, a bridge (two halves that share one node),
+  a majority ring (each node sees a majority, no two the same), one way.
+- ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
+  sequencer, a minority, or all nodes.
+- ``schedule``: a seeded list of (start, end, fault kind); the runner
+  (``jepsen_like.runner``) applies them and records each interval for the report.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
+           "partition_pairs", "schedule", "sweep_stale_chains"]
+
+KINDS = ("partition", "kill", "pause")
+
+
+class NemesisError(RuntimeError):
+    pass
+
+
+def iptables_available() -> str | None:
+    """None if iptables can be used here, else why not (one line)."""
+    if shutil.which("iptables") is None:
+        return "iptables is not installed (Debian: apt-get install iptables)"
+    if os.geteuid() != 0:
+        return "iptables needs root"
+    try:
+        out = subprocess.run(["iptables", "-w", "5", "-L", "INPUT", "-n"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"iptables does not run: {e}"
+    if out.returncode != 0:
+        return f"iptables does not work here: {out.stderr.strip()[:200]}"
+    return None
+
+
+def _ipt(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True, timeout=15)
+    if check and out.returncode != 0:
+        raise NemesisError(f"iptables {' '.join(args)}: {out.stderr.strip()[:300]}")
+    return out
+
+
+def sweep_stale_chains() -> list[str]:
+    """Remove CELLAR-NEM-<pid> chains whose harness process is gone; their names."""
+    out = _ipt("-S", check=False)
+    gone = []
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "-N" and parts[1].startswith("CELLAR-NEM-"):
+            try:
+                pid = int(parts[1].rsplit("-", 1)[1])
+            except ValueError:
+                continue
+            if not os.path.exists(f"/proc/{pid}"):
+                _drop_chain(parts[1])
+                gone.append(parts[1])
+    return gone
+
+
+def _drop_chain(chain: str) -> None:
+    while _ipt("-D", "INPUT", "-j", chain, check=False).returncode == 0:
+        pass
+    _ipt("-F", chain, check=False)
+    _ipt("-X", chain, check=False)
+
+
+class IptablesNet:
+    """DROP rules between node addresses, in a chain of our own."""
+
+    def __init__(self, ips: list[str]) -> None:
+        why = iptables_available()
+        if why:
+            raise NemesisError(why)
+        self.ips = list(ips)
+        self.chain = f"CELLAR-NEM-{os.getpid()}"
+        self.cut: set[tuple[int, int]] = set()  # (src, dst) node pairs dropped now
+        _drop_chain(self.chain)  # a leftover of ours (same pid reused): start clean
+        _ipt("-N", self.chain)
+        _ipt("-I", "INPUT", "1", "-j", self.chain)
+        self._open = True
+        atexit.register(self.close)
+
+    def drop(self, pairs: set[tuple[int, int]]) -> None:
+        """Cut exactly ``pairs`` (src node, dst node), one direction each, healing others."""
+        self.heal()
+        for a, b in sorted(pairs):
+            _ipt("-A", self.chain, "-s", self.ips[a], "-d", self.ips[b], "-j", "DROP")
+        self.cut = set(pairs)
+
+    def partition(self, groups: list[set[int]]) -> None:
+        """Nodes talk only within their group (a node may be in several: a bridge)."""
+        self.drop(_talk(groups, len(self.ips)))
+
+    def heal(self) -> None:
+        if self.cut:
+            _ipt("-F", self.chain)
+            self.cut = set()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            _drop_chain(self.chain)
+            self.cut = set()
+
+    def rules(self) -> list[str]:
+        return [line for line in _ipt("-S", self.chain).stdout.splitlines() if line.startswith("-A")]
+
+
+def _talk(groups: list[set[int]], n: int) -> set[tuple[int, int]]:
+    """Pairs (a, b) to drop so that nodes talk only within a group."""
+    return {(a, b) for a in range(n) for b in range(n) if a != b and not any(a in g and b in g for g in groups)}
+
+
+def partition_pairs(kind: str, n: int, rng: random.Random, sequencer: int | None = None) -> tuple[set[tuple[int, int]], str]:
+    """The (src, dst) node pairs one partition of ``n`` nodes drops, and a description."""
+    nodes = list(range(n))
+    rng.shuffle(nodes)
+    if kind == "halves":
+        k = n // 2
+        return _talk([set(nodes[:k]), set(nodes[k:])], n), f"halves {sorted(nodes[:k])} | {sorted(nodes[k:])}"
+    if kind in ("isolate", "isolate-sequencer"):
+        x = sequencer if kind == "isolate-sequencer" and sequencer is not None else nodes[0]
+        return _talk([{x}, set(range(n)) - {x}], n), f"isolate {x}"
+    if kind == "bridge":
+        k = n // 2
+        mid = nodes[k]
+        left, right = set(nodes[:k]) | {mid}, set(nodes[k + 1:]) | {mid}
+        return _talk([left, right], n), f"bridge through {mid}: {sorted(left)} | {sorted(right)}"
+    if kind == "ring":
+        # Each node hears its nearest neighbours on a ring, a majority with itself, and
+        # no two nodes hear the same majority (with 3 nodes that is everybody).
+        d = max(1, (n // 2 + 1) // 2)
+        pos = {x: i for i, x in enumerate(nodes)}
+        pairs = {(a, b) for a in range(n) for b in range(n)
+                 if a != b and min((pos[a] - pos[b]) % n, (pos[b] - pos[a]) % n) > d}
+        return pairs, f"majority ring {nodes}"
+    if kind == "one-way":
+        x = nodes[0] if sequencer is None or rng.random() < 0.5 else sequencer
+        return {(y, x) for y in range(n) if y != x}, f"one way: {x} hears nobody, is heard by all"
+    raise ValueError(f"unknown partition {kind!r}")
+
+
+@dataclass
+class Fault:
+    """One fault of a schedule: ``kind`` (partition kinds, one-way, kill, pause), applied
+    at ``start`` and undone at ``end`` (seconds from the run's start)."""
+
+    start: float
+    end: float
+    kind: str
+    detail: str = ""
+    nodes: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": round(self.start, 3), "end": round(self.end, 3), "kind": self.kind,
+                "detail": self.detail, "nodes": self.nodes}
+
+
+PARTITIONS = ("halves", "isolate", "isolate-sequencer", "bridge", "ring", "one-way")
+
+
+def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: float = 3.0,
+             fault_s: tuple[float, float] = (2.0, 5.0), gap_s: tuple[float, float] = (1.0, 3.0)) -> list[tuple[float, float, str]]:
+    """Fault windows (start, end, kind) over ``seconds``: a quiet start, then faults of
+    the chosen kinds one after another with gaps, ending ``quiet_s`` before the end
+    (so that the cluster heals before the final reads)."""
+    choices = []
+    for k in kinds:
+        if k == "partition":
+            choices += list(PARTITIONS)
+        elif k in ("kill", "pause"):
+            choices += [f"{k}-sequencer", f"{k}-minority", f"{k}-one"]
+        else:
+            raise ValueError(f"unknown nemesis {k!r} (partition, kill, pause)")
+    out = []
+    t = quiet_s
+    while True:
+        length = rng.uniform(*fault_s)
+        if t + length > seconds - quiet_s:
+            break
+        out.append((t, t + length, rng.choice(choices)))
+        t += length + rng.uniform(*gap_s)
+    return out
+
+
+class ProcessNemesis:
+    """Kill/restart and pause/resume nodes of a ``jepsen_like.db.CellarDB``."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def targets(self, what: str, rng: random.Random) -> list[int]:
+        n = self.db.n
+        if what == "sequencer":
+            s = self.db.sequencer()
+            return [s if s is not None else rng.randrange(n)]
+        if what == "minority":
+            return sorted(rng.sample(range(n), (n - 1) // 2))
+        if what == "one":
+            return [rng.randrange(n)]
+        if what == "all":
+            return list(range(n))
+        raise ValueError(what)
+
+    def kill(self, nodes: list[int]) -> None:
+        for i in nodes:
+            self.db.kill(i)
+
+    def restart(self, nodes: list[int]) -> None:
+        for i in nodes:
+            self.db.start(i)
+
+    def pause(self, nodes: list[int]) -> None:
+        for i in nodes:
+            self.db.pause(i)
+
+    def resume(self, nodes: list[int]) -> None:
+        for i in nodes:
+            self.db.resume(i)
