@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. tests/consensus/test_fault_search.py with --suite long)")
     ap.add_argument("--keep-going", action="store_true", help="no -x: run the whole suite, report the first failure")
     ap.add_argument("--logs", metavar="DIR", help="keep each run's pytest output here")
+    ap.add_argument("--killers", metavar="FILE",
+                    help="a previous --json output, or docs/mutation.md: run each mutant's known killing test "
+                         "first and the whole suite only if it survives that (same verdicts, much sooner)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON (progress goes to stderr)")
     args = ap.parse_args(argv)
     try:
@@ -314,12 +317,19 @@ def _main(args: argparse.Namespace) -> int:
             f"seeds {seeds[0]}..{seeds[-1]}, {source['source']} at {source['head'][:10]}")
         counter = iter(range(1 << 30))
 
+        known = load_killers(args.killers) if args.killers else {}
+
         def one(mutant: M.Mutant | None, seed: int) -> Run:
             name = mutant.name if mutant else "baseline"
             copy = work / f"{name}-{seed}-{next(counter)}"
             make_copy(base, copy, mutant)
             try:
                 log = logs / f"{name}-seed{seed}.log" if logs else None
+                first = known.get(name) if mutant is not None and not tests else None
+                if first:
+                    run = run_suite(copy, args.suite, seed, timeout_s, args.keep_going, log, first)
+                    if run.outcome == "killed":
+                        return run
                 return run_suite(copy, args.suite, seed, timeout_s, args.keep_going, log, tests)
             finally:
                 shutil.rmtree(copy, ignore_errors=True)
@@ -385,6 +395,27 @@ def _main(args: argparse.Namespace) -> int:
         return 1 if survivors else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def load_killers(path: str) -> dict[str, list[str]]:
+    """Mutant name -> the test ids that killed it before, from a ``--json`` output or
+    the table in docs/mutation.md (ids relative to tests/consensus/ there)."""
+    text = Path(path).read_text()
+    out: dict[str, list[str]] = {}
+    if path.endswith(".json"):
+        for m in json.loads(text).get("mutants", []):
+            ids = sorted({r["test"] for r in m.get("runs", []) if r.get("outcome") == "killed" and r.get("test")})
+            if ids:
+                out[m["name"]] = ids
+        return out
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`") and "::" in cells[2]:
+            test = cells[2].split()[0]
+            if not test.startswith("tests/"):
+                test = f"{TESTS.rstrip('/')}/{test}"
+            out[cells[0].strip("`")] = [test]
+    return out
 
 
 def M_result(m: M.Mutant) -> Result:

@@ -1,0 +1,106 @@
+"""``cellar jepsen run|campaign``: fault-injection tests of real Cellar processes
+(``jepsen_like.runner``). Exit status: 0 valid, 1 invalid, 2 unknown (or a usage
+error). Partitions need iptables and root (one line says so otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+from .runner import INVALID, UNKNOWN, VALID, TestSpec, run_test
+
+EXIT = {VALID: 0, INVALID: 1, UNKNOWN: 2}
+
+
+def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) -> TestSpec:
+    kinds = [k.strip() for k in nemesis.split(",") if k.strip() and k.strip() != "none"]
+    spec = TestSpec(workload=workload, nemesis=kinds, nodes=nodes, seconds=seconds, sessions=sessions, keys=keys,
+                    rate=rate, seed=seed, out_root=out)
+    try:
+        spec.validate()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return spec
+
+
+def _line(r: dict) -> str:
+    c = r.get("checks", {})
+    a = r.get("availability", {})
+    return (f"{r.get('verdict', UNKNOWN):8} seed {r['spec']['seed']:<6} linearizable {c.get('linearizable')}  "
+            f"converged {c.get('converged')}  reads agree {c.get('final_reads_agree')}  "
+            f"faults {len(r.get('faults', []))}  longest stall {a.get('longest_stall_s')} s  {r.get('dir')}")
+
+
+_OPTIONS = [
+    click.option("--workload", type=click.Choice(["kv", "register"]), default="kv", show_default=True,
+                 help="kv: compare-and-set registers on several keys; register: one key."),
+    click.option("--nemesis", default="partition,kill,pause", show_default=True,
+                 help="Faults to mix: partition, kill, pause (comma-separated; none for no faults)."),
+    click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True),
+    click.option("--time", "seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
+                 help="Seconds of workload (faults stop 3 s before the end)."),
+    click.option("--sessions", type=click.IntRange(1, 1024), default=16, show_default=True),
+    click.option("--keys", type=click.IntRange(1, 1000), default=5, show_default=True),
+    click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
+                 help="About this many operations per second in all (0: as fast as answered)."),
+    click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+                 help="Results go to OUT/<test>/<timestamp>/ (and OUT/latest)."),
+]
+
+
+def _with_options(fn):
+    for opt in reversed(_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def jepsen() -> None:
+    """Fault-injection tests of real Cellar processes: partitions, kills, pauses."""
+
+
+@jepsen.command("run")
+@_with_options
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print results.json's content instead of a summary.")
+def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, as_json):
+    """One test; exit 0 valid, 1 invalid, 2 unknown."""
+    spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, seed, out)
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    r = asyncio.run(run_test(spec, progress=say))
+    if as_json:
+        click.echo(json.dumps(r, default=str))
+    else:
+        click.echo(_line(r))
+        for f in r.get("availability", {}).get("faults", []):
+            click.echo(f"  {f['start']:7.2f}-{f['end']:7.2f} s  {f['kind']:18} {f['ok_per_s']:8.1f} ok/s  "
+                       f"stall {f['longest_stall_s']:.2f} s  ({f['detail']})")
+        click.echo(f"  quiet: {r.get('availability', {}).get('quiet_ok_per_s')} ok/s; details in {r.get('dir')}/results.json")
+    sys.exit(EXIT[r.get("verdict", UNKNOWN)])
+
+
+@jepsen.command("campaign")
+@_with_options
+@click.option("--seed", type=int, default=1, show_default=True, help="First seed.")
+@click.option("--count", type=click.IntRange(1, 10000), default=5, show_default=True, help="Tests (seeds seed..seed+count-1).")
+@click.option("--json", "as_json", is_flag=True)
+def campaign(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, count, as_json):
+    """COUNT tests on consecutive seeds; a table; exit 0 only if every one is valid."""
+    rows = []
+    for s in range(seed, seed + count):
+        spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, s, out)
+        r = asyncio.run(run_test(spec, progress=(lambda m: click.echo(m, err=True)) if as_json else None))
+        rows.append(r)
+        if not as_json:
+            click.echo(_line(r))
+    verdicts = [r.get("verdict", UNKNOWN) for r in rows]
+    if as_json:
+        click.echo(json.dumps([{"seed": r["spec"]["seed"], "verdict": r.get("verdict"), "dir": r.get("dir"),
+                                "checks": {k: v for k, v in r.get("checks", {}).items() if k != "final_reads"},
+                                "availability": r.get("availability")} for r in rows], default=str))
+    else:
+        click.echo(f"{verdicts.count(VALID)} valid, {verdicts.count(INVALID)} invalid, {verdicts.count(UNKNOWN)} unknown")
+    sys.exit(0 if all(v == VALID for v in verdicts) else (1 if INVALID in verdicts else 2))

@@ -1,0 +1,291 @@
+"""One Jepsen-style test against real Cellar processes: db + client + generator +
+nemesis + checkers, and what a person reads afterwards.
+
+``run_test(spec)``: start ``spec.nodes`` ``cellar serve`` processes on their own
+loopback addresses (``jepsen_like.db``); run the contended KV workload
+(``jepsen_like.client``: many sessions, read / write / compare-and-set on a few keys,
+through the HTTP API) for ``spec.seconds`` while the nemesis applies a seeded schedule
+of faults (``jepsen_like.nemesis``: partitions, kills, pauses); then heal everything,
+wait until the replicas hold the same state, read every key on every node, and check:
+
+- **linearizable**: the whole history, per key, against the KV model (the final reads
+  included, so a lost acknowledged write shows);
+- **converged**: every replica reports the same digest at the same executed slot;
+- **final reads agree**: every node returns the same value for every key;
+- **availability**: the longest time without a successful operation, in all and per
+  fault, and the completion rate inside each fault window beside the quiet rate.
+
+The verdict is ``valid`` (all hold), ``invalid`` (a check failed) or ``unknown`` (the
+checker gave up, or the cluster never converged). Everything lands in
+``runs/<name>/<timestamp>/`` (``runs/latest`` points at it): ``results.json``,
+``history.jsonl``, ``timeline.html`` (the checker's report, nemesis events included),
+``latency.png`` and ``rate.png`` with fault windows shaded, and each node's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .client import HttpKV, Recorder, check_history, final_reads, run_workload
+from .db import CellarDB
+from .nemesis import IptablesNet, ProcessNemesis, iptables_available, partition_pairs, schedule
+from .plots import op_points, stalls
+
+__all__ = ["TestSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
+
+VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
+NEMESES = ("partition", "kill", "pause")
+
+
+@dataclass
+class TestSpec:
+    workload: str = "kv"  # kv: CAS registers on several keys; register: one key
+    nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
+    nodes: int = 3
+    seconds: float = 60.0
+    sessions: int = 16
+    keys: int = 5
+    rate: float = 0.0  # a cap on operations per second over all sessions (0: closed loop)
+    seed: int = 1
+    out_root: str = "runs"
+    name: str = ""
+    snapshot_every: int = 2000
+
+    def validate(self) -> None:
+        if self.workload not in ("kv", "register"):
+            raise ValueError(f"unknown workload {self.workload!r} (kv or register)")
+        bad = [k for k in self.nemesis if k not in NEMESES]
+        if bad:
+            raise ValueError(f"unknown nemesis {', '.join(bad)} (choose from {', '.join(NEMESES)})")
+        if self.nodes < 3 or self.nodes % 2 == 0:
+            raise ValueError(f"{self.nodes} nodes: 3, 5, 7, ...")
+        if not 5 <= self.seconds <= 3600:
+            raise ValueError("seconds must be within 5-3600")
+        if "partition" in self.nemesis:
+            why = iptables_available()
+            if why:
+                raise ValueError(f"the partition nemesis needs iptables: {why}")
+
+
+async def _in_thread(fn: Callable, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def _statuses(db: CellarDB) -> list[dict | None]:
+    from store.client import CellarClient
+
+    out: list[dict | None] = []
+    async with CellarClient(db.client_addresses, timeout_s=2.0, deadline_s=5.0) as cellar:
+        for i in range(db.n):
+            try:
+                out.append(await asyncio.wait_for(cellar.status(i), 3.0))
+            except Exception:
+                out.append(None)
+    return out
+
+
+async def _converge(db: CellarDB, timeout_s: float) -> tuple[bool, list]:
+    deadline = time.monotonic() + timeout_s
+    last: list = []
+    while time.monotonic() < deadline:
+        last = await _statuses(db)
+        if all(last) and len({(s["exec_slot"], s["digest"]) for s in last}) == 1:
+            return True, last
+        await asyncio.sleep(0.5)
+    return False, last
+
+
+class _Nemesis:
+    """Applies the schedule and records what really happened, on the history's clock."""
+
+    def __init__(self, db: CellarDB, net: IptablesNet | None, rec: Recorder, rng: random.Random) -> None:
+        self.db, self.net, self.rec, self.rng = db, net, rec, rng
+        self.proc = ProcessNemesis(db)
+        self.faults: list[dict] = []
+        self.killed: set[int] = set()
+        self.paused: set[int] = set()
+
+    async def run(self, windows: list[tuple[float, float, str]], t0: float) -> None:
+        for start, end, kind in windows:
+            await asyncio.sleep(max(0.0, t0 + start - time.monotonic()))
+            began = self.rec.now()
+            detail, nodes = await self.apply(kind)
+            self.rec.nemesis(f"start {kind}", detail)
+            await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
+            await self.undo(kind, nodes)
+            ended = self.rec.nemesis(f"stop {kind}", detail)
+            self.faults.append({"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended})
+
+    async def apply(self, kind: str) -> tuple[str, list[int]]:
+        n = self.db.n
+        if kind.startswith(("kill-", "pause-")):
+            action, what = kind.split("-", 1)
+            nodes = await _in_thread(self.proc.targets, what, self.rng)
+            if action == "kill":
+                await _in_thread(self.proc.kill, nodes)
+                self.killed |= set(nodes)
+            else:
+                await _in_thread(self.proc.pause, nodes)
+                self.paused |= set(nodes)
+            return f"{action} {nodes}", nodes
+        seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
+        pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
+        assert self.net is not None
+        await _in_thread(self.net.drop, pairs)
+        return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
+
+    async def undo(self, kind: str, nodes: list[int]) -> None:
+        if kind.startswith("kill-"):
+            await _in_thread(self.proc.restart, nodes)
+            self.killed -= set(nodes)
+        elif kind.startswith("pause-"):
+            await _in_thread(self.proc.resume, nodes)
+            self.paused -= set(nodes)
+        elif self.net is not None:
+            await _in_thread(self.net.heal)
+
+    async def heal_all(self) -> None:
+        if self.net is not None:
+            await _in_thread(self.net.heal)
+        await _in_thread(self.proc.resume, sorted(self.paused))
+        await _in_thread(self.proc.restart, [i for i in range(self.db.n) if not self.db.alive(i)])
+        self.killed.clear()
+        self.paused.clear()
+
+
+def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, Any]:
+    pts = op_points(ops)
+    ok_times = [t + lat / 1000.0 for t, lat, _f, typ in pts if typ == "ok"]
+
+    def rate(a: float, b: float) -> float:
+        return round(sum(1 for t in ok_times if a <= t <= b) / max(b - a, 1e-9), 1)
+
+    inside = []
+    for f in faults:
+        inside.append({"kind": f["kind"], "detail": f["detail"], "start": round(f["start"], 2),
+                       "end": round(f["end"], 2), "ok_per_s": rate(f["start"], f["end"]),
+                       "longest_stall_s": round(stalls(ops, f["start"], f["end"]), 3)})
+    busy = [(f["start"], f["end"]) for f in faults]
+    quiet = [t for t in ok_times if not any(a <= t <= b for a, b in busy)]
+    quiet_s = max(seconds - sum(b - a for a, b in busy), 1e-9)
+    return {"longest_stall_s": round(stalls(ops, 0.5, seconds), 3), "quiet_ok_per_s": round(len(quiet) / quiet_s, 1),
+            "faults": inside}
+
+
+async def run_test(spec: TestSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    spec.validate()
+    say = progress or (lambda _m: None)
+    name = spec.name or f"{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-s{spec.seed}"
+    out = Path(spec.out_root) / name / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(spec.seed)
+    keys = 1 if spec.workload == "register" else spec.keys
+    db = CellarDB(str(out / "db"), spec.nodes, seed=spec.seed, snapshot_every=spec.snapshot_every)
+    net: IptablesNet | None = None
+    result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
+    rec = Recorder()
+    nem: _Nemesis | None = None
+    try:
+        db.start_all()
+        await db.await_ready(timeout_s=60.0)
+        if "partition" in spec.nemesis:
+            net = IptablesNet(db.ips)
+        windows = schedule(spec.nemesis, spec.seconds, rng) if spec.nemesis else []
+        say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
+        async with HttpKV(db.urls, timeout_s=2.0) as client:
+            await client.ready()
+            nem = _Nemesis(db, net, rec, rng)
+            t0 = time.monotonic()
+            pause_s = 2.0 * spec.sessions / spec.rate if spec.rate > 0 else 0.0
+            workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
+                                                        seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
+            nemesis = asyncio.create_task(nem.run(windows, t0))
+
+            async def ticker() -> None:
+                while not workload.done():
+                    await asyncio.sleep(5.0)
+                    done = sum(1 for o in rec.ops if o.type != "invoke" and o.process != "nemesis")
+                    say(f"  {time.monotonic() - t0:5.0f} s  {done:,} ops completed")
+
+            tick = asyncio.create_task(ticker())
+            stats = await workload
+            await asyncio.wait_for(nemesis, 60.0)
+            tick.cancel()
+            await nem.heal_all()
+            rec.nemesis("heal", "everything")
+            say("healed; waiting for the replicas to converge")
+            await db.await_ready(timeout_s=60.0)
+            converged, statuses = await _converge(db, 90.0)
+            reads = await final_reads(client, rec, keys, process=10_000_000)
+        result["workload"] = {"summary": stats.summary(), "invalid_requests": stats.invalid[:20],
+                              "counts": {f"{f} {t}": c for (f, t), c in sorted(stats.counts.items())}}
+        check = check_history(rec.ops, timeout_s=max(60.0, spec.seconds))
+        agree = all(len({json.dumps(v) for v in per_node.values()}) == 1 and len(per_node) == spec.nodes
+                    for per_node in reads.values()) and len(reads) == keys
+        result["checks"] = {
+            "linearizable": check.valid,
+            "linearizability": {"ops": check.ops, "keys": check.partitions, "seconds": round(check.seconds, 2),
+                                "violation": None if check.violation is None else str(check.violation.reason)},
+            "converged": converged,
+            "digests": [None if s is None else {"exec_slot": s["exec_slot"], "digest": s["digest"]} for s in statuses],
+            "final_reads_agree": agree,
+            "final_reads": reads,
+        }
+        result["faults"] = nem.faults
+        result["availability"] = _availability(rec.ops, nem.faults, spec.seconds)
+        if check.valid is False or (converged and not agree):
+            verdict = INVALID
+        elif check.valid is None or not converged:
+            verdict = UNKNOWN
+        else:
+            verdict = VALID
+        result["verdict"] = verdict
+    finally:
+        if net is not None:
+            net.close()
+        db.teardown()
+        _write_outputs(out, rec, result, db)
+    return result
+
+
+def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarDB) -> None:
+    from .history import write_jsonl
+
+    with open(out / "history.jsonl", "w") as fp:
+        write_jsonl(rec.ops, fp)
+    for i in range(db.n):
+        try:
+            shutil.copy(db.log_path(i), out / f"node{i}.log")
+        except OSError:
+            pass
+    try:
+        from .models import KV
+        from .report import write_report
+
+        client_ops = [o for o in rec.ops if o.process != "nemesis"]
+        write_report(out / "timeline.html", client_ops, KV(), None, title=f"{result.get('name')} ({result.get('verdict')})")
+    except Exception as e:  # a report is a convenience: the verdict stands without it
+        result["report_error"] = f"{type(e).__name__}: {e}"
+    try:
+        from .plots import write_plots
+
+        write_plots(out, rec.ops, result.get("faults", []), title=str(result.get("name", "")))
+    except ImportError:
+        result["plots"] = "matplotlib is not installed: no plots (python3 -m pip install -e '.[bench]')"
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    latest = out.parent.parent / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(os.path.relpath(out, latest.parent))
+    except OSError:
+        pass
