@@ -19,7 +19,7 @@ import time
 
 import store
 from jepsen_like.client import HttpKV, Recorder, StaleReads, check_history, describe, final_reads, run_workload
-from jepsen_like.history import FAIL, OK
+from jepsen_like.history import FAIL, OK, write_jsonl
 from store.client import CellarClient
 
 from .conftest import converged
@@ -50,7 +50,7 @@ def _mutation_after(t: float):
     return lambda inv, comp: comp.type == OK and comp.f in ("write", "cas") and inv.time > t
 
 
-async def test_contended_kv_through_http_is_linearizable_across_sequencer_kill(make_cluster):
+async def test_contended_kv_through_http_is_linearizable_across_sequencer_kill(make_cluster, tmp_path):
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert os.path.dirname(os.path.abspath(store.__file__)) == os.path.join(here, "store")  # this tree's code
     cluster = make_cluster(3, http=True)
@@ -98,9 +98,11 @@ async def test_contended_kv_through_http_is_linearizable_across_sequencer_kill(m
 
     print(f"\n{stats.summary()}")
     print(f"events {events}; sequencer {seq} killed, then {new_seq}; errors {dict(stats.errors.most_common(4))}")
+    with open(tmp_path / "history.jsonl", "w") as fp:  # cellar check --model kv FILE --report out.html
+        write_jsonl(rec.ops, fp)
     t0 = time.monotonic()
     result = check_history(rec.ops, timeout_s=60.0)
-    print(describe(result), f"(checked in {time.monotonic() - t0:.1f} s)")
+    print(describe(result), f"(checked in {time.monotonic() - t0:.1f} s; history in {tmp_path / 'history.jsonl'})")
 
     assert result.valid is True, describe(result)
     assert not stats.invalid, stats.invalid[:5]  # the harness never sent a request the server refused
