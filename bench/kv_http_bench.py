@@ -303,7 +303,8 @@ class Bench:
                 await self.cellar.await_ready(timeout_s=START_TIMEOUT_S)
             except (RuntimeError, TimeoutError) as e:
                 raise BenchError(f"cellar: {e}") from None
-            await wait_http_ready("cellar", self._urls("cellar-http"), "/readyz", self.cellar.procs, self.cellar.log_tail)
+            await wait_http_ready("cellar", self._urls("cellar-http"), "/readyz", self.cellar.procs,
+                                  self.cellar.log_tail)
             self.say(f"cellar: 3 replicas, fsync={self.fsync}, http {', '.join(self._urls('cellar-http'))}")
         if self.etcd is not None:
             await wait_http_ready("etcd", self.etcd.urls, "/health", self.etcd.procs, self.etcd.log_tail)
@@ -541,8 +542,8 @@ def _bench_group() -> click.Group:
             ctx.invoke(cluster, **kwargs)
 
     group = BenchGroup("bench", params=list(cluster.params), callback=callback, invoke_without_command=True,
-                       help=inspect.cleandoc(cluster.help or "") + "\n\n`cellar bench kv-http`: HTTP writes beside etcd's "
-                       "JSON gateway (see `cellar bench kv-http --help`).",
+                       help=inspect.cleandoc(cluster.help or "") + "\n\n`cellar bench kv-http`: HTTP writes "
+                       "beside etcd's JSON gateway (see `cellar bench kv-http --help`).",
                        short_help=cluster.short_help)
     group.add_command(kv_http)
     return group

@@ -34,8 +34,8 @@ a timeout, a 503) moves to the next node for its next op.
 Public interface:
 
 - ``Outcome``; ``KVClient`` (what the workload drives: ``nodes``, ``read``, ``write``, ``cas``);
-- ``HttpKV(urls, timeout_s=...)``: the HTTP client (an async context manager); ``sequencer()``
-  asks every replica's ``/readyz`` who the sequencer is;
+- ``HttpKV(urls, timeout_s=...)``: the HTTP client (an async context manager); ``readyz()``
+  and ``sequencer()`` ask every replica's ``/readyz`` (view, sequencer, majority reachable);
 - ``MemoryKV``: a linearizable in-memory stand-in (for tests of the harness itself), which
   can lose answers (``lost_rate``: the op is answered ``info``, applied or not, as chosen
   by ``lost_applied``);
@@ -98,8 +98,12 @@ def classify(f: str, status: int | None, body: Any, error: str | None = None) ->
         return Outcome(FAIL if read else INFO, error=error or "no answer", move=True)
     b = body if isinstance(body, dict) else {}
     if status == 200:
-        if f == "cas" and b.get("succeeded") is not True:
-            return Outcome(FAIL, error="compare failed")
+        if f == "cas":
+            succeeded = b.get("succeeded")
+            if succeeded is False:
+                return Outcome(FAIL, error="compare failed")
+            if succeeded is not True:  # an answer we cannot read: it may have happened
+                return Outcome(INFO, error=f"200 without succeeded: {str(body)[:100]}", move=True)
         return Outcome(OK)
     reason = b.get("reason") or f"HTTP {status}"
     message = f"{status} {reason}: {str(b.get('message', ''))[:200]}"
@@ -199,37 +203,33 @@ class HttpKV(KVClient):
         out, _ = await self._post("cas", node, "/v3/kv/txn", body)
         return out
 
-    async def sequencer(self) -> int | None:
-        """The sequencer the replicas report on ``/readyz`` (the one seen in the highest view);
-        None when no replica answers."""
+    async def readyz(self) -> list[dict | None]:
+        """Each replica's ``/readyz`` answer (``ready``, ``view``, ``sequencer``, ...; its HTTP
+        status as ``status``), None for a replica that does not answer."""
         import aiohttp
 
-        best: tuple[int, int] | None = None
+        out: list[dict | None] = []
         for url in self.urls:
             try:
                 async with self._session.get(url + "/readyz",
                                              timeout=aiohttp.ClientTimeout(total=min(2.0, self.timeout_s))) as r:
                     body = await r.json(content_type=None)
+                    out.append({**body, "status": r.status} if isinstance(body, dict) else None)
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, OSError, ValueError):
+                out.append(None)
+        return out
+
+    async def sequencer(self) -> int | None:
+        """The sequencer the replicas report on ``/readyz`` (the one seen in the highest view);
+        None when no replica answers."""
+        best: tuple[int, int] | None = None
+        for body in await self.readyz():
+            if body is None:
                 continue
             view, seq = body.get("view"), body.get("sequencer")
             if isinstance(view, int) and isinstance(seq, int) and (best is None or view > best[0]):
                 best = (view, seq)
         return None if best is None else best[1]
-
-    async def ready(self) -> list[bool]:
-        """Each replica's ``/readyz`` verdict (False when it does not answer)."""
-        import aiohttp
-
-        out = []
-        for url in self.urls:
-            try:
-                async with self._session.get(url + "/readyz",
-                                             timeout=aiohttp.ClientTimeout(total=min(2.0, self.timeout_s))) as r:
-                    out.append(r.status == 200)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, OSError):
-                out.append(False)
-        return out
 
 
 class MemoryKV(KVClient):
@@ -411,7 +411,8 @@ class WorkloadStats:
     processes: int = 0
 
     def n(self, f: str | None = None, type_: str | None = None) -> int:
-        return sum(v for (ff, tt), v in self.counts.items() if (f is None or ff == f) and (type_ is None or tt == type_))
+        return sum(v for (ff, tt), v in self.counts.items()
+                   if (f is None or ff == f) and (type_ is None or tt == type_))
 
     def summary(self) -> str:
         parts = []

@@ -33,6 +33,7 @@ from jepsen_like.history import FAIL, INFO, OK, pair, parse_jsonl, write_jsonl
         ("write", 200, {"header": {}}, OK),
         ("cas", 200, {"succeeded": True}, OK),
         ("cas", 200, {"succeeded": False}, FAIL),  # compare failed: a definite no
+        ("cas", 200, {"header": {}}, INFO),  # no verdict in the answer: unknown
         ("read", None, None, FAIL),  # no answer: a read changed nothing
         ("write", None, None, INFO),  # no answer: it may have happened
         ("cas", None, None, INFO),
@@ -49,7 +50,7 @@ def test_classify(f, status, body, want):
     out = classify(f, status, body, "boom" if status is None else None)
     assert out.type == want
     assert out.invalid == (status is not None and 400 <= status < 500)
-    assert out.move == (status is None or status >= 500)
+    assert out.move == (status is None or status >= 500 or want == INFO)
 
 
 async def _history(client, *, seed: int = 1, sessions: int = 16, ops: int = 120):
