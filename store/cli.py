@@ -19,7 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("store.server:serve", "Run one replica (config file or flags)."),
     "up": ("store.server:up", "Start a local cluster on 127.0.0.1 until Ctrl-C."),
     "demo": ("store.demo:demo", "Local cluster, live workload, sequencer killed and restarted."),
-    "bench": ("bench.cluster_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side."),
+    "bench": ("bench.kv_http_bench:bench", "Write throughput and latency: SDPaxos vs Multi-Paxos, side by side; "
+              "bench kv-http: HTTP beside etcd."),
     "steady": ("bench.steady:steady", "A steady load with snapshots on: view changes, loop pauses, p99.9."),
     "status": ("store.admin_cli:status", "Each replica's role, view, sequencer, executed slot and digest."),
     "sequencer": ("store.admin_cli:sequencer", "Move the sequencer: sequencer transfer --to ID."),
