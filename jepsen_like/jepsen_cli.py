@@ -10,14 +10,14 @@ import sys
 
 import click
 
-from .runner import INVALID, UNKNOWN, VALID, TestSpec, run_test
+from .runner import INVALID, UNKNOWN, VALID, RunSpec, run_test
 
 EXIT = {VALID: 0, INVALID: 1, UNKNOWN: 2}
 
 
-def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) -> TestSpec:
+def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) -> RunSpec:
     kinds = [k.strip() for k in nemesis.split(",") if k.strip() and k.strip() != "none"]
-    spec = TestSpec(workload=workload, nemesis=kinds, nodes=nodes, seconds=seconds, sessions=sessions, keys=keys,
+    spec = RunSpec(workload=workload, nemesis=kinds, nodes=nodes, seconds=seconds, sessions=sessions, keys=keys,
                     rate=rate, seed=seed, out_root=out)
     try:
         spec.validate()
@@ -79,6 +79,8 @@ def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, as_j
             click.echo(f"  {f['start']:7.2f}-{f['end']:7.2f} s  {f['kind']:18} {f['ok_per_s']:8.1f} ok/s  "
                        f"stall {f['longest_stall_s']:.2f} s  ({f['detail']})")
         click.echo(f"  quiet: {r.get('availability', {}).get('quiet_ok_per_s')} ok/s; details in {r.get('dir')}/results.json")
+        if r.get("plots"):
+            click.echo(f"  {r['plots']}")
     sys.exit(EXIT[r.get("verdict", UNKNOWN)])
 
 

@@ -39,14 +39,14 @@ from .db import CellarDB
 from .nemesis import IptablesNet, ProcessNemesis, iptables_available, partition_pairs, schedule
 from .plots import op_points, stalls
 
-__all__ = ["TestSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
+__all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
 NEMESES = ("partition", "kill", "pause")
 
 
 @dataclass
-class TestSpec:
+class RunSpec:
     workload: str = "kv"  # kv: CAS registers on several keys; register: one key
     nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
     nodes: int = 3
@@ -58,6 +58,10 @@ class TestSpec:
     out_root: str = "runs"
     name: str = ""
     snapshot_every: int = 2000
+    # A deliberately broken client between the workload and the cluster, to show the
+    # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
+    # "info-as-fail" (jepsen_like.client's wrappers).
+    planted: str = ""
 
     def validate(self) -> None:
         if self.workload not in ("kv", "register"):
@@ -69,6 +73,8 @@ class TestSpec:
             raise ValueError(f"{self.nodes} nodes: 3, 5, 7, ...")
         if not 5 <= self.seconds <= 3600:
             raise ValueError("seconds must be within 5-3600")
+        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail"):
+            raise ValueError(f"unknown planted bug {self.planted!r}")
         if "partition" in self.nemesis:
             why = iptables_available()
             if why:
@@ -161,6 +167,14 @@ class _Nemesis:
         self.paused.clear()
 
 
+def _planted(name: str, client: Any) -> Any:
+    if not name:
+        return client
+    from .client import DroppedCas, InfoAsFail, StaleReads
+
+    return {"stale-reads": StaleReads, "dropped-cas": DroppedCas, "info-as-fail": InfoAsFail}[name](client)
+
+
 def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, Any]:
     pts = op_points(ops)
     ok_times = [t + lat / 1000.0 for t, lat, _f, typ in pts if typ == "ok"]
@@ -180,7 +194,7 @@ def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, An
             "faults": inside}
 
 
-async def run_test(spec: TestSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     spec.validate()
     say = progress or (lambda _m: None)
     name = spec.name or f"{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
@@ -201,10 +215,13 @@ async def run_test(spec: TestSpec, progress: Callable[[str], None] | None = None
             net = IptablesNet(db.ips)
         windows = schedule(spec.nemesis, spec.seconds, rng) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
-        async with HttpKV(db.urls, timeout_s=2.0) as client:
-            await client.ready()
+        async with HttpKV(db.urls, timeout_s=2.0) as http:
+            async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
+                while not all(b and b.get("ready") for b in await http.readyz()):
+                    await asyncio.sleep(0.2)
+            client = _planted(spec.planted, http)
             nem = _Nemesis(db, net, rec, rng)
-            t0 = time.monotonic()
+            t0 = rec.t0 = time.monotonic()  # the history's clock starts with the workload
             pause_s = 2.0 * spec.sessions / spec.rate if spec.rate > 0 else 0.0
             workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
                                                         seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
@@ -281,6 +298,8 @@ def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarD
         write_plots(out, rec.ops, result.get("faults", []), title=str(result.get("name", "")))
     except ImportError:
         result["plots"] = "matplotlib is not installed: no plots (python3 -m pip install -e '.[bench]')"
+    if result.get("verdict") == VALID:  # the nodes' data dirs matter only to a failure's post-mortem
+        shutil.rmtree(out / "db", ignore_errors=True)
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     latest = out.parent.parent / "latest"
     try:

@@ -15,6 +15,7 @@ import click
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("consensus.sim.cli:sim", "Run one seeded simulation of SDPaxos or Multi-Paxos."),
     "check": ("jepsen_like.cli:check", "Check a history for linearizability."),
+    "jepsen": ("jepsen_like.jepsen_cli:jepsen", "Fault-injection tests of real processes: jepsen run|campaign."),
     "scheduler": ("scheduler_state.cli:scheduler", "HiveD scheduler state machine tools."),
     "serve": ("store.server:serve", "Run one replica (config file or flags)."),
     "up": ("store.server:up", "Start a local cluster on 127.0.0.1 until Ctrl-C."),
