@@ -274,6 +274,14 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+    st = node.replica.status()
+    peer_host, peer_port = cfg.peers[cfg.node_id]
+    client_host, client_port = cfg.client_address
+    http = f", http {cfg.extra['http'][0]}:{cfg.extra['http'][1]}" if cfg.extra.get("http") else ""
+    sys.stderr.write(f"cellar serve: replica {cfg.node_id} of {len(cfg.peers)} ({cfg.protocol}, {cfg.machine}, "
+                     f"fsync {cfg.fsync}): peers {peer_host}:{peer_port}, clients {client_host}:{client_port}{http}; "
+                     f"data {cfg.data_dir}; recovered to slot {st.get('exec_slot', 0)}, view {st.get('view')}\n")
+    sys.stderr.flush()
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:

@@ -357,6 +357,7 @@ class Node:
         self._client_server: asyncio.Server | None = None
         self._clients: set[_ClientConn] = set()
         self._client_sweep_due = 0.0
+        self._logged_view = -1
         self._dirty_clients: list[_ClientConn] = []
         self._waiters: dict[tuple, _ClientConn] = {}
         self._outbox: deque = deque()  # (wal seq, messages, replies) awaiting durability
@@ -593,6 +594,11 @@ class Node:
                 return
         try:
             self._check_pull()
+            view = self.replica.view
+            if view != self._logged_view:
+                self._logged_view = view
+                st = self.replica.status()
+                log.info("node %d: view %d, sequencer %s", self.cfg.node_id, view, st.get("sequencer", st.get("leader")))
             if now >= self._client_sweep_due:
                 self._client_sweep_due = now + 1.0
                 self._sweep_clients(now)

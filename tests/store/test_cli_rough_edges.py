@@ -77,3 +77,22 @@ def test_an_unforeseen_failure_in_any_command_is_one_line(monkeypatch):
     assert result.exit_code == 1
     assert result.output.strip() == "cellar boom: internal error: RuntimeError: the disk fell over (CELLAR_DEBUG=1 shows where)"
     assert "Traceback" not in result.output
+
+
+def test_serve_prints_one_startup_line(tmp_path):
+    """``cellar serve`` says who it is, where it listens and where it recovered to."""
+    import signal as sig
+
+    from store.server import free_ports
+
+    ports = free_ports(3)
+    peers = ",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "serve", "--id", "1", "--peers", peers,
+                             "--data-dir", str(tmp_path / "d")], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.send_signal(sig.SIGTERM)
+        proc.wait(timeout=30)
+    assert line.startswith("cellar serve: replica 1 of 3 (sdpaxos, kv, fsync batch)"), line
+    assert f"peers 127.0.0.1:{ports[1]}" in line and "recovered to slot 0" in line and str(tmp_path / "d") in line
