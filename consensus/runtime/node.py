@@ -731,7 +731,41 @@ class Node:
             self._kick()
             st = replica.status()
             return [client, seq, clientwire.OK, {"ok": bool(ok), "sequencer": st.get("sequencer", st.get("leader"))}]
+        if type(op) is list and op and op[0] in ("snapshot_info", "snapshot_take", "snapshot_chunk"):
+            return [client, seq, *self._admin_snapshot(op)]
         return [client, seq, clientwire.ERROR, f"unknown admin operation {op!r:.60}"]
+
+    def _admin_snapshot(self, op: list) -> list:
+        """``cellar snapshot save``: ``["snapshot_info"]`` (our latest stored snapshot:
+        slot and size; the executed slot), ``["snapshot_take"]`` (take one now, whatever
+        ``snapshot_every`` says), ``["snapshot_chunk", slot, offset]`` (up to 1 MiB of
+        that snapshot's file image; an error once a newer one replaced it)."""
+        replica = self.replica
+        data = self._snap_bytes
+        if op[0] == "snapshot_info" and len(op) == 1:
+            return [clientwire.OK, {"slot": self._snap_slot if data else None, "bytes": len(data) if data else 0,
+                                    "exec_slot": getattr(replica, "exec_slot", 0), "taking": self._snap_task is not None}]
+        if op[0] == "snapshot_take" and len(op) == 1:
+            if type(replica).take_snapshot is ReplicaBase.take_snapshot:
+                return [clientwire.ERROR, f"{self.cfg.protocol} replicas keep their whole log: no snapshots"]
+            if self._snap_task is not None or self._installing:
+                return [clientwire.OK, {"started": False, "reason": "a snapshot is being stored: ask again"}]
+            if getattr(replica, "exec_slot", 0) <= self._snap_slot and data:
+                return [clientwire.OK, {"started": False, "reason": "the latest snapshot is current"}]
+            every, self.cfg.snapshot_every = self.cfg.snapshot_every, 1
+            try:
+                self._maybe_snapshot()
+            finally:
+                self.cfg.snapshot_every = every
+            return [clientwire.OK, {"started": self._snap_task is not None}]
+        if op[0] == "snapshot_chunk" and len(op) == 3 and type(op[1]) is int and type(op[2]) is int:
+            if not data or op[1] != self._snap_slot:
+                return [clientwire.ERROR, f"no snapshot of slot {op[1]} here any more (now: {self._snap_slot}): start again"]
+            if not 0 <= op[2] <= len(data):
+                return [clientwire.ERROR, f"offset {op[2]} outside the snapshot's {len(data)} bytes"]
+            return [clientwire.OK, {"slot": self._snap_slot, "bytes": len(data), "offset": op[2],
+                                    "data": bytes(memoryview(data)[op[2]: op[2] + (1 << 20)])}]
+        return [clientwire.ERROR, f"malformed snapshot operation {op!r:.60}"]
 
     def _refuse_too_large(self, conn: Any, requests: list) -> list:
         """Answer the requests of a big frame whose command is over the limit; the
