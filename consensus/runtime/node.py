@@ -1312,6 +1312,8 @@ class Node:
         st = dict(replica.status())
         st["digest"] = self._digest() if digest else None
         st["cluster_id"] = self.cfg.cluster_id
+        st["replicas"] = len(self.cfg.peers)
+        st["peers"] = {str(i): f"{h}:{p}" for i, (h, p) in sorted(self.cfg.peers.items())}
         st["fsync"] = self.cfg.fsync
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
                      "first_seq": self.wal.first_seq, "fsyncs": self.wal.stats["fsyncs"]}

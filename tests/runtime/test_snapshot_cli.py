@@ -60,3 +60,22 @@ async def test_save_then_restore_a_new_cluster(make_cluster, tmp_path):
         assert await cellar.session(node=0).get("after") == "restore"
         sts = await converged(cellar, [0, 1, 2])
         assert all(st["snapshot_slot"] == saved["slot"] for st in sts)
+
+
+async def test_member_list(make_cluster):
+    cluster = make_cluster(3)
+    cluster.start_all()
+    await cluster.await_ready()
+    endpoints = ",".join(f"{h}:{p}" for h, p in cluster.client_addresses[:2])  # replica 2 not asked
+    async with CellarClient(cluster.client_addresses, deadline_s=30) as cellar:
+        await cellar.session().put("k", "v")
+    cluster.stop(2)
+    out = _cellar("member", "list", "--endpoints", endpoints, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["id"] for r in rows] == [0, 1, 2]
+    assert [r["peer"] for r in rows] == [f"127.0.0.1:{p}" for p in cluster.peer_ports]
+    assert [r["reachable"] for r in rows] == [True, True, False]
+    assert sum(r["role"] == "sequencer" for r in rows) <= 1
+    text = _cellar("member", "list", "--endpoints", endpoints)
+    assert text.returncode == 0 and "NO" in text.stdout
