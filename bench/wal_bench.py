@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 
-from store.wal import WAL, GroupCommitter
+from consensus.storage.wal import WAL, GroupCommitter
 
 RECORD_SIZES = (16, 200)
 BATCHES = (1, 10, 100, 1000)

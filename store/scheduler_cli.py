@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable

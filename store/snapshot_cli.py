@@ -49,7 +49,7 @@ async def save(file: str, node: int | None, latest: bool, wait_s: float, endpoin
     """Save a replica's snapshot to FILE."""
     from consensus.runtime import clientwire
     from store.client import CellarClient
-    from store.snapshot import SnapshotCorrupt, decode_snapshot, write_file_synced
+    from consensus.storage.snapshot import SnapshotCorrupt, decode_snapshot, write_file_synced
 
     addresses = parse_endpoints(endpoints)
     if node is not None and node >= len(addresses):
@@ -144,7 +144,7 @@ def restore(file: str, data_dir: str, node_id: int, peers: str, as_json: bool) -
     import msgpack
 
     from store.server import NodeError, parse_peers
-    from store.snapshot import Snapshot, SnapshotCorrupt, decode_snapshot, write_snapshot
+    from consensus.storage.snapshot import Snapshot, SnapshotCorrupt, decode_snapshot, write_snapshot
 
     def fail(text: str) -> None:
         click.echo(f"cellar snapshot restore: {text}", err=True)

@@ -21,7 +21,7 @@ receives every tick that elapsed. That keeps the sequencer's lease honest (its l
 is counted in its own ticks, so they must not run slower than real time).
 
 Snapshots: every ``snapshot_every`` executed slots the node asks the replica for a
-snapshot, writes it atomically (``store.snapshot``), lets the replica compact its
+snapshot, writes it atomically (``consensus.storage.snapshot``), lets the replica compact its
 log and rewrites the still-needed ("live") records into the WAL so that older
 segments can be deleted. A replica asking for a snapshot (``Ready.snapshot_from``)
 pulls the peer's latest one in checksummed chunks.
@@ -54,9 +54,9 @@ from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
 from consensus.core.replica import ReplicaBase
-from store.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot,
+from consensus.storage.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot,
                             load_latest, place_snapshot, write_file_synced, write_snapshot)
-from store.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
+from consensus.storage.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
 
 log = logging.getLogger("cellar.node")
 

@@ -176,7 +176,7 @@ async def test_a_failed_wal_write_stops_the_node_before_anything_is_sent(tmp_pat
 def test_a_failed_segment_rotation_fails_the_wal(tmp_path):
     """The WAL refuses every later write once it could not create its next segment
     (instead of failing later on a closed descriptor)."""
-    from store.wal import WAL, WALFailed
+    from consensus.storage.wal import WAL, WALFailed
 
     wal, _ = WAL.open(str(tmp_path / "wal"), fsync="never", segment_bytes_max=4096)
     try:
@@ -250,7 +250,7 @@ async def test_a_fetched_snapshot_is_installed_then_stored_then_compacted_with_t
         setattr(replica, name, wrapped)
     try:
         peer, meta, state = peer_snapshot(5)
-        from store.snapshot import Snapshot
+        from consensus.storage.snapshot import Snapshot
 
         node._fetched = (peer, Snapshot(0, msgpack.packb(meta, use_bin_type=True), state), meta)
         node._kick()
@@ -291,7 +291,7 @@ async def test_a_failed_store_after_install_stops_the_node(tmp_path, monkeypatch
     monkeypatch.setattr(node_mod, "write_snapshot", write_snapshot)
     try:
         peer, meta, state = peer_snapshot(3)
-        from store.snapshot import Snapshot
+        from consensus.storage.snapshot import Snapshot
 
         node._fetched = (peer, Snapshot(0, msgpack.packb(meta, use_bin_type=True), state), meta)
         node._kick()

@@ -28,7 +28,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.sdpaxos import SDPaxosReplica
 from consensus.kv import _SNAPSHOT_FORMAT, KVStateMachine
 from consensus.runtime.node import SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, Node
-from store.snapshot import Snapshot, SnapshotReceiver, encode_snapshot, iter_chunks, write_snapshot
+from consensus.storage.snapshot import Snapshot, SnapshotReceiver, encode_snapshot, iter_chunks, write_snapshot
 
 from .test_crash_only import WAIT_S, single_node, stopped
 

@@ -17,7 +17,7 @@ import msgpack
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
 from store.server import free_ports
-from store.snapshot import load_latest
+from consensus.storage.snapshot import load_latest
 
 WAIT_S = 30.0
 

@@ -3,7 +3,7 @@ failure-injection test").
 
 Three in-process nodes on 127.0.0.1 replicate writes submitted to node 0 (the
 sequencer), in ``batch`` mode with 16 KiB WAL segments so that segments rotate
-often. Faults are injected at the system-call level of ``store.wal`` (its ``os``
+often. Faults are injected at the system-call level of ``consensus.storage.wal`` (its ``os``
 module and its ``_fdatasync``), only for files under node 0's ``wal/``: disk full on
 ``write``, an I/O error on the fsync that seals a segment at rotation, disk full on
 the creation of the next segment, an I/O error on a group-commit fsync; and a slow
@@ -28,7 +28,7 @@ import time
 import pytest
 
 import consensus.runtime.node as node_mod
-import store.wal as wal_mod
+import consensus.storage.wal as wal_mod
 from consensus.core.ready import Ready
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
@@ -41,7 +41,7 @@ WRITERS = 6
 
 
 class OsProxy:
-    """``store.wal``'s view of ``os``: the real module, except the calls in ``hooks``."""
+    """``consensus.storage.wal``'s view of ``os``: the real module, except the calls in ``hooks``."""
 
     def __init__(self, real, hooks: dict) -> None:
         self._real = real

@@ -56,7 +56,7 @@ from typing import Any
 
 import crc32c
 
-from store.wal import fsync_dir, makedirs_durable
+from consensus.storage.wal import fsync_dir, makedirs_durable
 
 log = logging.getLogger(__name__)
 

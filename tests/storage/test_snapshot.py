@@ -1,4 +1,4 @@
-"""store.snapshot: atomic files, fallback to the older snapshot, chunked transfer."""
+"""consensus.storage.snapshot: atomic files, fallback to the older snapshot, chunked transfer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.snapshot import (
+from consensus.storage.snapshot import (
     SNAPSHOT_HEADER_BYTES,
     Chunk,
     ChunkError,
@@ -100,7 +100,7 @@ def test_damaged_newest_snapshot_falls_back_to_the_older_one(tmp_path, caplog, d
     else:  # an intact snapshot of seq 10 filed under the newest name, 30
         with open(tmp_path / snapshot_name(30), "wb") as f:
             f.write(encode_snapshot(snap(10)))
-    with caplog.at_level(logging.WARNING, logger="store.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="consensus.storage.snapshot"):
         loaded = load_latest(tmp_path)
     if damage == "rename":
         assert loaded == snap(20)

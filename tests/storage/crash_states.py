@@ -1,6 +1,6 @@
 """Crash-state harness for the WAL and snapshot code (issue 17).
 
-1. **Record.** A scenario drives ``store.wal`` and ``store.snapshot`` the way
+1. **Record.** A scenario drives ``consensus.storage.wal`` and ``consensus.storage.snapshot`` the way
    ``consensus/runtime/node.py`` does (append, group commit, rotation, snapshot then
    compaction, a peer snapshot install, a process crash and restart) on a real
    directory, with the ``os`` module of both modules replaced by a recording proxy:
@@ -33,8 +33,8 @@
    that comes back must hold the value written, and the recovered store must take
    one more append, sync and reopen.
 
-Run ``python3 -m tests.store.crash_states`` (the default suite's short version) or
-``python3 -m tests.store.crash_states --full`` (every page variant on every write
+Run ``python3 -m tests.storage.crash_states`` (the default suite's short version) or
+``python3 -m tests.storage.crash_states --full`` (every page variant on every write
 prefix, pairs of lost directory changes, and a process crash injected before every
 operation of every scenario, the restarted process's crash states included);
 ``--scenario NAME`` runs one. It prints, per scenario: runs (1 + injected process
@@ -59,10 +59,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import store.snapshot as snapmod
-import store.wal as walmod
-from store.snapshot import Snapshot, load_latest, write_snapshot
-from store.wal import WAL, makedirs_durable
+import consensus.storage.snapshot as snapmod
+import consensus.storage.wal as walmod
+from consensus.storage.snapshot import Snapshot, load_latest, write_snapshot
+from consensus.storage.wal import WAL, makedirs_durable
 
 PAGE = 4096
 SECTOR_SPLIT = PAGE // 2
@@ -97,7 +97,7 @@ class Recorder:
 
 
 class RecordingOS:
-    """Stands in for the ``os`` module inside store.wal and store.snapshot."""
+    """Stands in for the ``os`` module inside consensus.storage.wal and consensus.storage.snapshot."""
 
     def __init__(self, rec: Recorder) -> None:
         self._rec = rec

@@ -1,4 +1,4 @@
-"""store.wal: format, recovery rules (torn tail vs corruption), fsync modes, group commit."""
+"""consensus.storage.wal: format, recovery rules (torn tail vs corruption), fsync modes, group commit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.wal import (
+from consensus.storage.wal import (
     COMMIT_MARKER_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -156,7 +156,7 @@ def test_torn_tail_is_truncated_and_appends_continue(tmp_path, caplog, tail):
     with open(path, "ab") as f:
         f.write(tail())
 
-    with caplog.at_level(logging.WARNING, logger="store.wal"):
+    with caplog.at_level(logging.WARNING, logger="consensus.storage.wal"):
         wal, recovered = reopen(tmp_path)
     assert recovered == list(enumerate(ps, start=1))
     assert os.path.getsize(path) == good_size
@@ -354,7 +354,7 @@ def test_unknown_mode_is_refused(tmp_path):
 
 
 def test_failed_fsync_is_fatal(tmp_path, monkeypatch):
-    import store.wal as walmod
+    import consensus.storage.wal as walmod
 
     wal, _ = WAL.open(tmp_path)
     wal.append(b"a")

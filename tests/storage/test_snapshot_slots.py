@@ -1,4 +1,4 @@
-"""store.snapshot (issue 17): naming monotonic by slot, durable folders, a bounded
+"""consensus.storage.snapshot (issue 17): naming monotonic by slot, durable folders, a bounded
 and verified receive, serving without a whole-file CRC per chunk."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-import store.snapshot as snapmod
-import store.wal as walmod
-from store.snapshot import (
+import consensus.storage.snapshot as snapmod
+import consensus.storage.wal as walmod
+from consensus.storage.snapshot import (
     META_RECEIVE_BYTES_MAX,
     Chunk,
     ChunkError,

@@ -1,4 +1,4 @@
-"""store.wal, format 2: commit markers, salted checksums, torn tails that are not
+"""consensus.storage.wal, format 2: commit markers, salted checksums, torn tails that are not
 corruption, directory durability, version-1 logs, streaming replay (issue 17)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import struct
 import crc32c
 import pytest
 
-import store.wal as walmod
-from store.wal import (
+import consensus.storage.wal as walmod
+from consensus.storage.wal import (
     COMMIT_MARKER_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -64,7 +64,7 @@ def test_a_zero_hole_before_intact_unacknowledged_records_is_a_torn_tail(tmp_pat
     with open(path, "r+b") as f:
         f.seek(hole)
         f.write(bytes(PAGE))  # page lost, later pages (and the marker) kept
-    with caplog.at_level(logging.WARNING, logger="store.wal"):
+    with caplog.at_level(logging.WARNING, logger="consensus.storage.wal"):
         wal, recovered = WAL.open(tmp_path)
     assert recovered == list(enumerate(acked, start=1))
     assert os.path.getsize(path) == acked_end

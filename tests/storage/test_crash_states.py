@@ -1,6 +1,6 @@
-"""The crash-state harness (tests/store/crash_states.py, issue 17): the short version
-runs here; the full enumeration is ``python3 -m tests.store.crash_states --full`` or
-``python3 -m pytest -m slow tests/store/test_crash_states.py``. The harness is also
+"""The crash-state harness (tests/storage/crash_states.py, issue 17): the short version
+runs here; the full enumeration is ``python3 -m tests.storage.crash_states --full`` or
+``python3 -m pytest -m slow tests/storage/test_crash_states.py``. The harness is also
 shown to catch each storage bug issue 17 describes, re-introduced one at a time."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-import store.snapshot as snapmod
-import store.wal as walmod
-from tests.store import crash_states as cs
+import consensus.storage.snapshot as snapmod
+import consensus.storage.wal as walmod
+from tests.storage import crash_states as cs
 
 
 @pytest.fixture
