@@ -31,7 +31,7 @@ EXIT_OK, EXIT_INVALID, EXIT_UNKNOWN = 0, 1, 2
 @click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), required=True, help="Sequential specification.")
 @click.argument("history_file", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=300.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds before answering unknown.")
 @click.option(
     "--memory-mb",
