@@ -463,14 +463,21 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         for chain in chains:
-            placer = physical_placer(sugg)
             keys = chain.node_index.keys
 
             def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
                 return list(indexed_roots(keys, cl.pcells, kmin))
 
-            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
-                                 (keys, cl.pcells))
+            # HiveD spreads opportunistic pods away from guaranteed ones: first only
+            # nodes without guaranteed leaves, then (if that fails) any node.
+            found = None
+            guaranteed = any(top.used != top.opp for top in chain.tops)
+            for away in ((True, False) if guaranteed else (False,)):
+                placer = physical_placer(sugg, away)
+                found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
+                                     (keys, cl.pcells))
+                if found is not None:
+                    break
             if found is None:
                 continue
             if mode == "dry":

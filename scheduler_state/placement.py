@@ -281,13 +281,22 @@ def virtual_preempt_placer(scope: VScope, priority: int, suggested: frozenset[st
     return Placer(cnt, delta, _virtual_node_ok(suggested))
 
 
-def physical_placer(suggested: frozenset[str] | None) -> Placer:
+def physical_placer(suggested: frozenset[str] | None, away_from_guaranteed: bool = False) -> Placer:
+    """Free healthy unpinned physical leaves. With ``away_from_guaranteed`` a node that
+    holds leaves of guaranteed groups (``used > opp``) takes no pod: HiveD's
+    opportunistic scheduler does not pack across priorities (``crossPriorityPack``
+    false in ``topology_aware_scheduler.go``: opportunistic pods "stay away from
+    guaranteed pods")."""
     delta: dict[Cell, int] = {}
     get = delta.get
 
     def cnt(c: PCell) -> int:
         return c.oavail - get(c, 0)
 
+    if away_from_guaranteed:
+        if suggested is None:
+            return Placer(cnt, delta, lambda c: c.used == c.opp)
+        return Placer(cnt, delta, lambda c: c.used == c.opp and c.node in suggested)
     if suggested is None:
         return Placer(cnt, delta, _always)
     return Placer(cnt, delta, lambda c: c.node in suggested)
