@@ -90,7 +90,7 @@ from scheduler_state.requests import Request, RequestError, parse_request, reque
 
 SNAPSHOT_FORMAT = 1
 READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_groups", "inspect", "pod_status",
-                      "list_pods"})
+                      "list_pods", "what_if"})
 SCHEDULER_KEY = "scheduler"  # the one key of the lease-read history (module docstring)
 PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
 TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64

@@ -74,3 +74,86 @@ def test_opportunistic_spread_is_deterministic() -> None:
     a, b = four_nodes(), four_nodes()
     assert [a.apply(c) for c in cmds] == [b.apply(c) for c in cmds]
     assert a.digest() == b.digest() and check(a) == []
+
+
+# -- 4. filtering: the read-only what-if ----------------------------------------------------
+
+
+def pod(uid: str, name: str) -> dict[str, str]:
+    return {"uid": uid, "namespace": "default", "name": name}
+
+
+def pod_spec(group: str, vc: str, prio: int, pods: int, leaves: int, **extra: Any) -> dict[str, Any]:
+    return {**spec(group, vc, prio, pods, leaves, **extra), "leafCellNumber": leaves}
+
+
+def test_what_if_answers_the_filter_without_changing_anything() -> None:
+    """HiveD ``hived_algorithm.go`` ``Schedule``: in the filter phase a new group's
+    placement is computed and victims are reported, but "we allow a new preemption only
+    when in Preempting phase" -- nothing is reserved. ``what_if`` is that answer as a
+    read: the digest is identical before and after, and ``pod_schedule`` then lands
+    exactly where the dry run said."""
+    m = four_nodes()
+    before = m.digest()
+    w = m.query({"op": "what_if", "pod": pod("u1", "p1"), "spec": pod_spec("j/g", "vc1", 1, 2, 2)})
+    assert w["ok"] and w["placeable"] and w["changes_state"] and w["victims"] == []
+    assert m.digest() == before
+    r = apply_ok(m, {"op": "pod_schedule", "pod": pod("u1", "p1"), "spec": pod_spec("j/g", "vc1", 1, 2, 2)})
+    assert (r["node"], r["leaf_cells"], r["slot"]) == (w["node"], w["leaf_cells"], w["slot"])
+    assert [(x["node"], x["leaf_cells"]) for x in r["placement"]] == \
+        [(x["node"], x["leaf_cells"]) for x in w["placement"]]
+    # the second pod's what-if names the slot the group reserved for it
+    w2 = m.query({"op": "what_if", "pod": pod("u2", "p2"), "spec": pod_spec("j/g", "vc1", 1, 2, 2)})
+    assert w2["placeable"] and w2["slot"] == 1 and w2["node"] == r["placement"][1]["node"]
+
+
+def test_what_if_reports_victims_and_lazy_demotions_and_undoes_them() -> None:
+    """Feature README, Intra-VC Preemption (immediate and lazy): the what-if of a
+    higher-priority group names the victims it would preempt (every pod of each victim
+    group) or the groups it would only demote, and changes nothing -- not even the
+    lazy demotion it tried on the way."""
+    m = four_nodes()
+    assert apply_ok(m, {"op": "pod_schedule", "pod": pod("v1", "low"), "spec": pod_spec("j/low", "vc1", 0, 1, 4)})["ok"]
+    assert apply_ok(m, {"op": "pod_bind", "pod": pod("v1", "low"), "node": m.apply(
+        {"op": "pod_status", "pod": {"uid": "v1"}})["node"]})["ok"]
+    assert allocate(m, "lazy", "vc1", 0, 1, 4, lazyPreemptionEnable=True)["ok"]
+    before = m.snapshot()
+    w = m.query({"op": "what_if", "group": spec("high", "vc1", 5, 2, 4)})
+    assert m.snapshot() == before
+    assert not w["placeable"] and w["waiting"]
+    # "lazy" is demoted first, then its physical node is the lowest free buddy cell
+    # the mapping takes (HiveD's buddy alloc), so it is preempted for real too
+    assert [v["group"] for v in w["victims"]] == ["j/low", "lazy"]
+    assert w["victims"][0]["pods"][0]["uid"] == "v1" and w["victims"][1]["pods"] == []
+    # the group-level allocate of the same spec does what the what-if said
+    r = allocate(m, "high", "vc1", 5, 2, 4)
+    assert r["preempted"] == ["j/low", "lazy"]
+    assert [(x["node"], x["leaf_cells"]) for x in r["placement"]] == \
+        [(x["node"], x["leaf_cells"]) for x in w["placement"]]
+
+
+def test_what_if_of_a_lazy_demotion_only() -> None:
+    """Feature README, Lazy Preemption: "The job will just downgrade the test job to be
+    Opportunistic Job ... because all jobs can still fit into the whole physical
+    cluster". The what-if lists it under ``lazy_preempted`` and leaves it guaranteed."""
+    m = four_nodes()
+    assert allocate(m, "test", "vc1", 0, 1, 4, lazyPreemptionEnable=True)["ok"]
+    before = m.snapshot()
+    w = m.query({"op": "what_if", "group": spec("prod", "vc1", 100, 2, 4)})
+    assert m.snapshot() == before and not m.groups["test"].opportunistic
+    assert w["placeable"] and w["victims"] == [] and w["lazy_preempted"] == ["test"]
+    r = allocate(m, "prod", "vc1", 100, 2, 4)
+    assert r["lazy_preempted"] == ["test"] and r["preempted"] == []
+
+
+def test_what_if_is_a_read() -> None:
+    """A query, not a command: ``query`` serves it, ``keys_of`` writes nothing; an
+    already bound pod is refused as the filter refuses it."""
+    m = four_nodes()
+    assert SchedulerStateMachine.keys_of({"op": "what_if"}) == []
+    assert m.query({"op": "what_if", "group": spec("x", "vc1", 0, 1, 1)})["placeable"]
+    r = apply_ok(m, {"op": "pod_schedule", "pod": pod("u1", "p"), "spec": pod_spec("j/p", "vc2", 0, 1, 1)})
+    apply_ok(m, {"op": "pod_bind", "pod": pod("u1", "p"), "node": r["node"]})
+    before = m.digest()
+    w = m.query({"op": "what_if", "pod": pod("u1", "p"), "spec": pod_spec("j/p", "vc2", 0, 1, 1)})
+    assert not w["ok"] and "already been bound" in w["error"] and m.digest() == before

@@ -251,6 +251,35 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                                lazy: bool, wait: bool) -> None:
             self.allocate_guaranteed(where, prio, pods, k, lazy, wait)
 
+        @rule(where=st.sampled_from(profile.contended + profile.targets),
+              prio=st.integers(-1, 3), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]))
+        def what_if(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int) -> None:
+            """The read-only filter: nothing changes, and an allocate right after (on a
+            copy) does what it said: placed there, with exactly those victims, or not."""
+            vc, leaf_type, pinned = where
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio,
+                                     "affinityGroup": {"name": "what-if",
+                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            if pinned and prio >= 0:
+                group["pinnedCellId"] = pinned
+            before = self.m.snapshot()
+            w = self.m.query({"op": "what_if", "group": group})
+            assert self.m.snapshot() == before, f"what_if changed the state: {w}"
+            event(f"what_if: {'error' if not w['ok'] else 'placeable' if w['placeable'] else 'victims' if w['victims'] else 'waiting'}")
+            copy = SchedulerStateMachine(P.base)
+            copy.restore(before)
+            r = copy.apply({"op": "allocate", "group": group, "wait": False})
+            if not w["ok"]:
+                assert not r["ok"] and r.get("error") == w["error"], (w, r)
+                return
+            assert r["ok"] == (w["placeable"] or bool(w["victims"])), (w, r)
+            if r["ok"]:
+                assert r["preempted"] == [v["group"] for v in w["victims"]], (w, r)
+                assert [(x["node"], x["leaf_cells"]) for x in r["placement"]] == \
+                    [(x["node"], x["leaf_cells"]) for x in w["placement"]], (w, r)
+
         @rule(leaf_type=st.sampled_from(profile.leaf_types), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
               vc=st.sampled_from(profile.vcs), wait=st.booleans())
         def allocate_opportunistic(self, leaf_type: str | None, pods: int, k: int, vc: str, wait: bool) -> None:
