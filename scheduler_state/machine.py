@@ -22,8 +22,8 @@ Mutating commands:
   node healthy, lease expiry, reconfigure) and those results list it under ``scheduled``.
   ``now_ms``/``ttl_ms`` grant a lease at once.
 - ``{"op": "release", "group": name, "pods": [i, ...]?}``: delete a group (or cancel a
-  pending one). With ``pods``, only those pods end: their cells are freed at once, or,
-  with ``gangReleaseEnable``, only when the last pod ends.
+  pending one). With ``pods``, only those pods end; as in HiveD the group's cells stay
+  reserved for it until its last pod ends (then it is deleted and its cells freed).
 - ``{"op": "set_node_health", "node": name, "healthy": bool}``: cells on bad nodes are
   never given to new groups; groups already there keep them (as in HiveD).
 - ``{"op": "reconfigure", "config": yaml text or mapping}``: work-preserving
@@ -761,18 +761,17 @@ class SchedulerStateMachine:
         if not isinstance(pods, list) or not pods or not all(
                 isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.pods) for i in pods):
             raise CommandError(f"pods must be a non-empty list of pod indices in 0..{len(g.pods) - 1}")
+        # HiveD's DeleteAllocatedPod: a pod's slot ends, its cells stay with the group
+        # until the last pod is gone (allPodsReleased), whatever gangReleaseEnable says
+        # (HiveD's algorithm records the flag but never consults it to free cells).
         for i in sorted(set(pods)):
-            pod = g.pods[i]
-            if pod.released:
-                continue
-            pod.released = True
-            if not g.req.gang_release:
-                self._free_pod(pod, t)
+            g.pods[i].released = True
         done = all(p.released for p in g.pods)
-        if done:
-            self._remove_group(g, t)
+        if not done:
+            return {"ok": True, "group": name, "released": False, "scheduled": []}
+        self._remove_group(g, t)
         self.cluster.reindex(t)
-        return {"ok": True, "group": name, "released": done, "scheduled": self._retry_pending()}
+        return {"ok": True, "group": name, "released": True, "scheduled": self._retry_pending()}
 
     def _cmd_set_node_health(self, cmd: dict[str, Any]) -> dict[str, Any]:
         node = _str(cmd, "node")
@@ -867,8 +866,10 @@ class SchedulerStateMachine:
             g.lazy_by = og.lazy_by
             g.slots = og.slots
             for op in og.pods:
-                if op.released and not og.req.gang_release:
-                    pleaves: list[PCell | None] = [None] * len(op.devices)  # its cells were freed
+                if op.released and all(p is None for p in op.pleaves):
+                    # freed before (a state from an older version freed a released pod's
+                    # cells at once): nothing to track
+                    pleaves: list[PCell | None] = [None] * len(op.devices)
                 else:
                     pleaves = [cl.leaf_by_device.get((node, idx)) for node, idx, _ in op.devices]
                 pod = Pod(op.k, list(op.devices), pleaves, None)

@@ -157,3 +157,45 @@ def test_what_if_is_a_read() -> None:
     before = m.digest()
     w = m.query({"op": "what_if", "pod": pod("u1", "p"), "spec": pod_spec("j/p", "vc2", 0, 1, 1)})
     assert not w["ok"] and "already been bound" in w["error"] and m.digest() == before
+
+
+# -- 5. partial release ---------------------------------------------------------------------
+
+
+def test_a_gang_keeps_its_cells_until_its_last_pod_is_gone() -> None:
+    """HiveD ``hived_algorithm.go`` ``DeleteAllocatedPod``: deleting a pod only clears
+    its slot; "if allPodsReleased(...) deleteAllocatedPodGroup" -- the group's cells are
+    released when its last pod is gone (state-machine.md, AG event e3: "Condition: all
+    pods of this AG are deleted"). Group-level ``release`` with ``pods`` does the same,
+    with or without ``gangReleaseEnable`` (HiveD's algorithm never reads the flag when
+    it frees cells). Nobody else gets the cells meanwhile; the last pod frees them and
+    the waiting group is placed in the same command."""
+    for gang in (False, True):
+        m = four_nodes()
+        assert allocate(m, "gang", "vc1", 0, 2, 4, gangReleaseEnable=gang)["ok"]
+        assert allocate(m, "next", "vc1", 0, 1, 4)["waiting"]
+        r = apply_ok(m, {"op": "release", "group": "gang", "pods": [0]})
+        assert r == {"ok": True, "group": "gang", "released": False, "scheduled": []}
+        st = m.apply({"op": "group_status", "group": "gang"})
+        assert [p["released"] for p in st["placement"]] == [True, False]
+        assert m.apply({"op": "vc_status", "vc": "vc1"})["guaranteed_leaf_cells_by_priority"] == {"0": 8}
+        r = apply_ok(m, {"op": "release", "group": "gang", "pods": [1]})
+        assert r["released"] and [s["group"] for s in r["scheduled"]] == ["next"]
+
+
+def test_pod_by_pod_gang_keeps_its_cells_until_its_last_pod_is_deleted() -> None:
+    """The same at pod level (``pod_delete``, HiveD's DeleteAllocatedPod): the deleted
+    pod's slot is free again for a new pod of the group, on the same cells."""
+    m = four_nodes()
+    s = pod_spec("j/g", "vc1", 0, 2, 4)
+    a = apply_ok(m, {"op": "pod_schedule", "pod": pod("a", "a"), "spec": s})
+    b = apply_ok(m, {"op": "pod_schedule", "pod": pod("b", "b"), "spec": s})
+    d = apply_ok(m, {"op": "pod_delete", "pod": pod("a", "a")})
+    assert not d.get("released")
+    assert allocate(m, "other", "vc1", 0, 1, 4, wait=False)["waiting"]
+    a2 = apply_ok(m, {"op": "pod_schedule", "pod": pod("a2", "a2"), "spec": s})
+    assert (a2["node"], a2["leaf_cells"]) == (a["node"], a["leaf_cells"])
+    apply_ok(m, {"op": "pod_delete", "pod": pod("a2", "a2")})
+    d = apply_ok(m, {"op": "pod_delete", "pod": pod("b", "b")})
+    assert d["released"] and b["node"] != a["node"]
+    assert allocate(m, "other", "vc1", 0, 2, 4, wait=False)["ok"]
