@@ -199,3 +199,83 @@ def test_pod_by_pod_gang_keeps_its_cells_until_its_last_pod_is_deleted() -> None
     d = apply_ok(m, {"op": "pod_delete", "pod": pod("b", "b")})
     assert d["released"] and b["node"] != a["node"]
     assert allocate(m, "other", "vc1", 0, 2, 4, wait=False)["ok"]
+
+
+# -- 2. safe relaxed buddy split --------------------------------------------------------------
+
+RELAXED = """
+physicalCluster:
+  cellTypes:
+    K80-NODE: {childCellType: K80, childCellNumber: 4, isNodeLevel: true}
+    K80-POOL: {childCellType: K80-NODE, childCellNumber: 2}
+  physicalCells:
+  - cellType: K80-POOL
+    cellChildren: [{cellAddress: n0}, {cellAddress: n1}]
+  - cellType: K80-POOL
+    cellChildren: [{cellAddress: n2}, {cellAddress: n3}]
+virtualClusters:
+%s
+"""
+SAFE = RELAXED % """  vc1:
+    virtualCells: [{cellType: K80-POOL.K80-NODE, cellNumber: 2}]
+  vc2:
+    virtualCells: [{cellType: K80-POOL.K80-NODE, cellNumber: 1}]"""
+UNSAFE = RELAXED % """  vc1:
+    virtualCells: [{cellType: K80-POOL.K80-NODE, cellNumber: 1}]
+  vc2:
+    virtualCells: [{cellType: K80-POOL.K80-NODE, cellNumber: 1}]
+  vc3:
+    virtualCells: [{cellType: K80-POOL, cellNumber: 1}]"""
+
+
+def _bad_lowest_level(text: str) -> SchedulerStateMachine:
+    """vc2 binds a node (buddy alloc splits pool n0/n1: n0 for vc2, n1 left at the node
+    level); then n1 goes bad: the lowest free level offers only a bad node."""
+    m = four_nodes(text)
+    r = allocate(m, "b", "vc2", 0, 1, 4)
+    assert nodes_of(r) == ["n0"]
+    apply_ok(m, {"op": "set_node_health", "node": "n1", "healthy": False})
+    return m
+
+
+def test_relaxed_split_when_safe() -> None:
+    """HiveD ``cell_allocation.go``: "after buddyAlloc cannot find a healthy cell (or not
+    in suggested nodes), try to split a higher level cell safely to get current level
+    cells" (``safeRelaxedBuddyAlloc``: only as many higher cells as are "splittable",
+    free cells beyond what the VCs' free cells need). Here splitting pool n2/n3 leaves
+    n1 and the other half for vc1's second node: VC safety holds, so vc1's request is
+    placed at once instead of waiting for n1."""
+    m = _bad_lowest_level(SAFE)
+    r = allocate(m, "a", "vc1", 0, 1, 4, wait=False)
+    assert r["ok"] and nodes_of(r) == ["n2"]
+    # vc1's second node is still guaranteed: n3 (n1 is bad, so it waits for n1 or n3)
+    r2 = allocate(m, "a2", "vc1", 0, 1, 4, wait=False)
+    assert r2["ok"] and nodes_of(r2) == ["n3"]
+
+
+def test_no_relaxed_split_when_it_would_break_another_vcs_guarantee() -> None:
+    """The same request when vc3 owns a whole pool: splitting pool n2/n3 would leave
+    vc3's pool unobtainable (VC safety), so vc1's request waits (HiveD: "Cannot split
+    higher level cells"), vc3 still gets its whole pool, and vc1 is placed once n1
+    comes back (feature README, Bad Hardware Awareness: "The waiting job will start
+    running, without any retries")."""
+    m = _bad_lowest_level(UNSAFE)
+    before = m.snapshot()
+    r = allocate(m, "a", "vc1", 0, 1, 4, wait=False)
+    assert r["waiting"] and "bad node n1" in r["reason"] and m.snapshot() == before
+    assert allocate(m, "a", "vc1", 0, 1, 4)["queued"]
+    assert nodes_of(allocate(m, "c", "vc3", 0, 2, 4)) == ["n2", "n3"]
+    r = apply_ok(m, {"op": "set_node_health", "node": "n1", "healthy": True})
+    assert [s["group"] for s in r["scheduled"]] == ["a"]
+    assert nodes_of(m.apply({"op": "group_status", "group": "a"})) == ["n1"]
+
+
+def test_relaxed_split_for_suggested_nodes() -> None:
+    """The relaxed split also serves K8s suggested nodes (``ignoreK8sSuggestedNodes:
+    false``): HiveD calls it when buddy alloc finds no cell "healthy (or ... in
+    suggested nodes)"."""
+    m = four_nodes(SAFE)
+    assert nodes_of(allocate(m, "b", "vc2", 0, 1, 4)) == ["n0"]
+    r = allocate(m, "a", "vc1", 0, 1, 4, wait=False, ignoreK8sSuggestedNodes=False,
+                 suggestedNodes=["n2", "n3"])
+    assert r["ok"] and nodes_of(r) == ["n2"]
