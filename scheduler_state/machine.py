@@ -76,6 +76,7 @@ from scheduler_state.cells import (
     VScope,
     safety_shortfall,
 )
+from scheduler_state import health as _health
 from scheduler_state import inspect as hived_inspect
 from scheduler_state.config import Config, ConfigError, load_config
 from scheduler_state.placement import (
@@ -248,7 +249,12 @@ class SchedulerStateMachine:
         if handler is None:
             return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
         try:
-            return handler(self, command)
+            result = handler(self, command)
+            if op not in READ_OPS:
+                # HiveD's doomed bad cells and bad-cell bindings (health.py): brought to
+                # its rules at every command boundary (a no-op without bad nodes).
+                _health.reconcile(self.cluster)
+            return result
         except NotFound as exc:
             return {"ok": False, "error": str(exc), "not_found": True}
         except (CommandError, RequestError, ConfigError) as exc:
@@ -307,6 +313,9 @@ class SchedulerStateMachine:
             "pending": [{"seq": e.seq, "spec": e.req.to_record(), "lease_ms": e.lease_ms} for e in self.pending],
         }
         _pods.snapshot_machine(self, state)
+        if self.cluster.hbound:  # absent without bad nodes: such states snapshot as before
+            state["health_bindings"] = [[v.id, v.pcell.id] for v in sorted(self.cluster.hbound, key=lambda v: v.id)
+                                        if v.pcell is not None]
         return msgpack.packb(_canonical(state), use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
@@ -353,6 +362,14 @@ class SchedulerStateMachine:
             self.pending.append(e)
             self.pending_by_name[e.req.name] = e
         _pods.load_machine(self, state)
+        pairs = [(cl.vcells[vid], cl.pcells[pid]) for vid, pid in state.get("health_bindings", ())]
+        for v, p in sorted(pairs, key=lambda vp: (-vp[0].level, vp[0].id)):
+            if v.pcell is None:
+                cl.health_bind(v, p)
+            elif v.pcell is not p:
+                raise ValueError(f"snapshot inconsistent: {v.addr} bound to {v.pcell.addr}, not {p.addr}")
+            else:
+                cl.hbound[v] = None
         cl.reindex(t)
 
     # -- bookkeeping ------------------------------------------------------------------
@@ -503,12 +520,18 @@ class SchedulerStateMachine:
         total = req.total
         reason = None
         held = None  # a Preempting group holding cells this request could otherwise preempt
+        hbound = cl.hbound
         for scope in scopes:
-            for preempt in (False, True):
+            # Doomed bad cells are avoided while healthy ones remain: a first free pass
+            # without them (only when the scope has some), then the usual passes.
+            doomed = bool(hbound) and any(_health.is_doomed(r) for r in scope.roots if r.pcell is not None)
+            for preempt in ((None, False, True) if doomed else (False, True)):
+                avoid_doomed = preempt is None
+                preempt = bool(preempt)
                 if not preempt:
                     if scope.free < total:
                         continue
-                    placer = virtual_free_placer(sugg)
+                    placer = virtual_free_placer(sugg, avoid_doomed)
                     roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
                     keys = scope.node_index.keys
 
@@ -545,6 +568,13 @@ class SchedulerStateMachine:
             if held is not None:
                 reason += (f"; cells of lower-priority groups are being preempted by affinity group {held.name} "
                            f"(priority {held.req.priority})")
+            if cl.hbound:
+                bad = sorted({n for v in cl.hbound if v.scope in scopes and v.pcell is not None
+                              for n in cl.nodes_of(v.pcell) if n in cl.bad_nodes})
+                if bad:
+                    doomed = sorted(v.addr for v in cl.hbound if v.scope in scopes and _health.is_doomed(v))
+                    reason += (f"; its cells on bad nodes: {', '.join(bad)}"
+                               + (f" (doomed bad cells: {', '.join(doomed)})" if doomed else ""))
         return _Attempt(None, reason)
 
     def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
@@ -663,6 +693,7 @@ class SchedulerStateMachine:
         """One FIFO pass over waiting groups (bounded by the queue length). Preempting
         groups whose victims are all gone are placed first (pods.py): the cells their
         victims left are theirs, never a waiting group's."""
+        _health.reconcile(self.cluster)
         out: list[dict[str, Any]] = _pods.complete_preemptions(self) if self.preemptors else []
         # Requests of the same shape fail alike until something is placed, so a shape
         # that failed in this pass is not searched again (a long queue of equal jobs
@@ -786,8 +817,17 @@ class SchedulerStateMachine:
         t = Touched()
         cl.set_node_bad(node, not healthy, t)
         cl.reindex(t)
-        return {"ok": True, "node": node, "changed": True,
+        _health.reconcile(cl)
+        return {"ok": True, "node": node, "changed": True, "doomed_bad_cells": self._doomed_view(),
                 "scheduled": self._retry_pending() if healthy else []}
+
+    def _doomed_view(self) -> dict[str, list[str]]:
+        """VC -> addresses of its doomed bad cells (HiveD's vcDoomedBadCells)."""
+        out: dict[str, list[str]] = {}
+        for v in sorted(self.cluster.hbound, key=lambda v: v.id):
+            if _health.is_doomed(v):
+                out.setdefault(v.vc, []).append(v.addr)
+        return dict(sorted(out.items()))
 
     def _cmd_lease_grant(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = _str(cmd, "group")
@@ -1061,7 +1101,11 @@ class SchedulerStateMachine:
             for r in scope.roots:
                 entry = {"address": r.addr, "cell_type": r.ctype, "chain": scope.chain.info.name,
                          "leaf_cells": r.leaves, "free_leaf_cells": r.free,
-                         "bound_to": r.pcell.addr if r.pcell is not None else None}
+                         "bound_to": r.pcell.addr if r.pcell is not None else None,
+                         "health": _health.cell_health(r)}
+                bad_below = [x.addr for x in _bound_below(r) if x.pcell is not None and x.pcell.bad]
+                if bad_below:
+                    entry["bad_cells"] = bad_below
                 if scope.pinned_id:
                     entry["pinned_cell_id"] = scope.pinned_id
                 cells.append(entry)
@@ -1073,7 +1117,8 @@ class SchedulerStateMachine:
                 opp += n
             else:
                 used[str(g.priority)] = used.get(str(g.priority), 0) + n
-        return {"ok": True, "vc": vc, "cells": cells,
+        health = {h: sum(1 for c in cells if c["health"] == h) for h in ("healthy", "bad", "doomed-bad")}
+        return {"ok": True, "vc": vc, "cells": cells, "cell_health": health,
                 "guaranteed_leaf_cells_by_priority": dict(sorted(used.items(), key=lambda kv: int(kv[0]))),
                 "opportunistic_leaf_cells": opp,
                 "groups": [g.name for g in sorted(self.vc_groups[vc].values(), key=lambda g: g.seq)]}
@@ -1115,6 +1160,17 @@ class SchedulerStateMachine:
     def ask(self, op: str, **fields: Any) -> dict[str, Any]:
         """``ask("vc_status", vc="vc1")``: a read-only query by keywords."""
         return self.query({"op": op, **fields})
+
+
+def _bound_below(r: VCell) -> list[VCell]:
+    """Bound virtual cells under ``r`` (not ``r``), in config order."""
+    out = []
+    stack = [ch for ch in r.children if ch.pcell is not None]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        stack.extend(ch for ch in x.children if ch.pcell is not None)
+    return sorted(out, key=lambda x: x.id)
 
 
 def _chain_fits(chain: PChain, kmax: int, total: int) -> bool:

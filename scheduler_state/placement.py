@@ -244,14 +244,20 @@ class Placer:
 # -- count functions ------------------------------------------------------------------
 
 
-def virtual_free_placer(suggested: frozenset[str] | None) -> Placer:
+def virtual_free_placer(suggested: frozenset[str] | None, avoid_doomed: bool = False) -> Placer:
     delta: dict[Cell, int] = {}
     get = delta.get
 
     def cnt(c: VCell) -> int:
         return c.free - get(c, 0)
 
-    return Placer(cnt, delta, _virtual_node_ok(suggested))
+    ok = _virtual_node_ok(suggested)
+    if avoid_doomed:
+        def ok_healthy(c: VCell, ok: Callable[[VCell], bool] = ok) -> bool:
+            r = c.root  # not under a doomed bad preassigned cell (health.is_doomed)
+            return ok(c) and not (r.pcell is not None and r.free == r.leaves and r.scope.pinned_id is None)
+        return Placer(cnt, delta, ok_healthy)
+    return Placer(cnt, delta, ok)
 
 
 def virtual_preempt_placer(scope: VScope, priority: int, suggested: frozenset[str] | None,

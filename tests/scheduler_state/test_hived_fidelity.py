@@ -279,3 +279,115 @@ def test_relaxed_split_for_suggested_nodes() -> None:
     r = allocate(m, "a", "vc1", 0, 1, 4, wait=False, ignoreK8sSuggestedNodes=False,
                  suggestedNodes=["n2", "n3"])
     assert r["ok"] and nodes_of(r) == ["n2"]
+
+
+# -- 1. doomed bad cells and virtual-cell health ------------------------------------------------
+
+
+def health(m: SchedulerStateMachine, vc: str) -> list[tuple[str, str | None, str]]:
+    s = m.apply({"op": "vc_status", "vc": vc})
+    return [(c["address"], c["bound_to"], c["health"]) for c in s["cells"]]
+
+
+def test_doomed_bad_cells_appear_as_nodes_go_bad_and_clear_as_they_come_back() -> None:
+    """HiveD ``hived_algorithm.go`` (``vcDoomedBadCells``): "A preassigned cell in a VC is
+    'doomed to be bad' when the healthy free cells in the physical cluster is fewer than
+    the VC's free cells"; ``tryBindDoomedBadCell`` binds such a cell to a bad free cell
+    (so "users can know if their VCs have bad nodes currently") and
+    ``tryUnbindDoomedBadCell`` unbinds it once the VC's free cells are fewer than the
+    healthy free cells. vc1 and vc2 own two nodes each of four. With n0 and n1 bad two
+    healthy nodes remain for four free VC cells: nothing is doomed yet (2 <= 2 per VC).
+    With n2 bad too, one healthy node is left and each VC gets one doomed cell."""
+    m = four_nodes()
+    for n in ("n0", "n1"):
+        r = apply_ok(m, {"op": "set_node_health", "node": n, "healthy": False})
+        assert r["doomed_bad_cells"] == {}
+    r = apply_ok(m, {"op": "set_node_health", "node": "n2", "healthy": False})
+    assert r["doomed_bad_cells"] == {"vc1": ["vc1/0"], "vc2": ["vc2/0"]}
+    assert health(m, "vc1") == [("vc1/0", "0/n0", "doomed-bad"), ("vc1/1", None, "healthy")]
+    assert health(m, "vc2") == [("vc2/0", "0/n1", "doomed-bad"), ("vc2/1", None, "healthy")]
+    assert m.apply({"op": "vc_status", "vc": "vc1"})["cell_health"] == {"healthy": 1, "bad": 0, "doomed-bad": 1}
+    # vc1 takes the last healthy node; vc2 is then doomed entirely and says so
+    assert nodes_of(allocate(m, "a", "vc1", 0, 1, 4)) == ["n3"]
+    assert health(m, "vc2") == [("vc2/0", "0/n1", "doomed-bad"), ("vc2/1", "1/n2", "doomed-bad")]
+    r = allocate(m, "b", "vc2", 0, 1, 4)
+    assert r["waiting"] and "doomed bad cells: vc2/0, vc2/1" in r["reason"]
+    # nodes come back: the doomed bindings clear (a doomed cell on a healthy node at
+    # once, the others as healthy free cells outnumber the VC's free cells), and the
+    # waiting group runs without being resubmitted (feature README, Bad Hardware)
+    r = apply_ok(m, {"op": "set_node_health", "node": "n0", "healthy": True})
+    assert r["doomed_bad_cells"] == {"vc2": ["vc2/1"]}
+    assert [s["group"] for s in r["scheduled"]] == ["b"]
+    assert nodes_of(m.apply({"op": "group_status", "group": "b"})) == ["n0"]
+    for n in ("n1", "n2"):
+        r = apply_ok(m, {"op": "set_node_health", "node": n, "healthy": True})
+    assert r["doomed_bad_cells"] == {} and m.cluster.hbound == {}
+    assert all(h == "healthy" for vc in ("vc1", "vc2") for _, _, h in health(m, vc))
+
+
+POOLS = """
+physicalCluster:
+  cellTypes:
+    K80-NODE: {childCellType: K80, childCellNumber: 4, isNodeLevel: true}
+    K80-POOL: {childCellType: K80-NODE, childCellNumber: 2}
+  physicalCells:
+  - cellType: K80-POOL
+    cellChildren: [{cellAddress: n0}, {cellAddress: n1}]
+  - cellType: K80-POOL
+    cellChildren: [{cellAddress: n2}, {cellAddress: n3}]
+  - cellType: K80-POOL
+    cellChildren: [{cellAddress: n4}, {cellAddress: n5}]
+virtualClusters:
+  vc1:
+    virtualCells: [{cellType: K80-POOL, cellNumber: 2}]
+  vc2:
+    virtualCells: [{cellType: K80-POOL, cellNumber: 1}]
+"""
+
+
+def test_placement_avoids_doomed_cells_while_healthy_ones_remain() -> None:
+    """HiveD: "Marking doomed bad cells can help the intra-VC scheduler avoid finding
+    placements that will be inevitably mapped to bad physical nodes"; a doomed cell's
+    bad children are bound too (``allocateBadCell``: "so that the VC scheduler can see
+    the bad cell"). With n0 and n2 bad only pool n4/n5 is healthy: vc1 (two pools) gets
+    pool n0/n1 doomed, its bad node n0 bound below it. vc1's pods go to the healthy
+    pool first; then to the doomed pool's healthy node n1; never to n0."""
+    m = four_nodes(POOLS)
+    for n in ("n0", "n2"):
+        apply_ok(m, {"op": "set_node_health", "node": n, "healthy": False})
+    assert health(m, "vc1") == [("vc1/0", "0", "doomed-bad"), ("vc1/1", None, "healthy")]
+    assert m.apply({"op": "vc_status", "vc": "vc1"})["cells"][0]["bad_cells"] == ["vc1/0/0"]
+    assert health(m, "vc2") == [("vc2/0", None, "healthy")]
+    placed = [nodes_of(allocate(m, f"a{i}", "vc1", 0, 1, 4))[0] for i in range(3)]
+    assert placed == ["n4", "n5", "n1"]
+    assert allocate(m, "a3", "vc1", 0, 1, 4)["waiting"]
+    # vc1's healthy pool is in use now: vc2's one pool is doomed to n2/n3, and its
+    # request runs on the healthy half
+    assert health(m, "vc2") == [("vc2/0", "1", "doomed-bad")]
+    assert nodes_of(allocate(m, "b", "vc2", 0, 1, 4)) == ["n3"]
+    assert health(m, "vc2") == [("vc2/0", "1", "bad")]  # in use, still on a bad pool
+    # n0 back: the waiting vc1 pod runs there
+    r = apply_ok(m, {"op": "set_node_health", "node": "n0", "healthy": True})
+    assert [s["group"] for s in r["scheduled"]] == ["a3"]
+    assert nodes_of(m.apply({"op": "group_status", "group": "a3"})) == ["n0"]
+
+
+def test_doomed_state_snapshots_and_replays_exactly() -> None:
+    """Determinism: the same command stream gives the same digest on every replica, and
+    a snapshot taken with doomed bindings restores to the same bytes and decides the
+    same way afterwards."""
+    cmds: list[dict[str, Any]] = [{"op": "set_node_health", "node": n, "healthy": False} for n in ("n0", "n2")]
+    cmds += [{"op": "allocate", "group": spec(f"a{i}", "vc1", 0, 1, 4)} for i in range(2)]
+    tail: list[dict[str, Any]] = [{"op": "allocate", "group": spec("b", "vc2", 0, 1, 4)},
+                                  {"op": "set_node_health", "node": "n2", "healthy": True},
+                                  {"op": "allocate", "group": spec("c", "vc1", 0, 2, 4)},
+                                  {"op": "set_node_health", "node": "n0", "healthy": True}]
+    a, b = four_nodes(POOLS), four_nodes(POOLS)
+    assert [a.apply(c) for c in cmds] == [b.apply(c) for c in cmds]
+    assert a.cluster.hbound and a.digest() == b.digest()
+    snap = a.snapshot()
+    c = four_nodes(POOLS)
+    c.restore(snap)
+    assert c.snapshot() == snap and check(c) == []
+    assert [a.apply(x) for x in tail] == [c.apply(x) for x in tail]
+    assert a.digest() == c.digest() and check(a) == []

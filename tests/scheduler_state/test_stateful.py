@@ -325,8 +325,18 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
         @rule(node=st.sampled_from(profile.nodes), healthy=st.booleans())
         def set_node_health(self, node: str, healthy: bool) -> None:
             r = self.run({"op": "set_node_health", "node": node, "healthy": healthy})
+            if r.get("doomed_bad_cells"):
+                event("doomed bad cells present")
             # A variant config drops a node; naming it then is an error.
             assert r["ok"] or (node not in self.m.cluster.node_leaves and "not in the config" in r["error"]), r
+
+        # Several nodes going bad together make HiveD's doomed bad cells likely (a VC's
+        # free cells outnumber the healthy free cells); invariant 7 checks the rule.
+        @rule(nodes=st.lists(st.sampled_from(profile.nodes), min_size=2, max_size=8, unique=True),
+              healthy=st.booleans())
+        def node_health_burst(self, nodes: list[str], healthy: bool) -> None:
+            for node in nodes:
+                self.set_node_health(node, healthy)
 
         @rule(variant=st.integers(0, len(profile.variants) - 1))
         def reconfigure(self, variant: int) -> None:
