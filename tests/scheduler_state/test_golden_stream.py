@@ -10,7 +10,8 @@ guaranteed pods (HiveD's crossPriorityPack = false), which moves opportunistic
 placements of the streams; partial release keeps the group's cells until its last
 pod is gone (HiveD's allPodsReleased), so the streams' partial releases free nothing;
 the safe relaxed buddy split places groups that waited for a bad node at the lowest
-free level."""
+free level; doomed bad cells (HiveD's vcDoomedBadCells) bind VC cells to bad nodes,
+set_node_health reports them, and placement avoids them while healthy cells remain."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from scheduler_state.machine import SchedulerStateMachine
 
 # (seed, lazy) -> (hash of every result and of the digest every 500 commands, final digest)
 GOLDEN = {
-    (1, False): ("3c1d86fb2ec9ef97", "486af5f4667d0d85"),
-    (2, True): ("3936828b94ca28ec", "654353ad551b8c0f"),
+    (1, False): ("b89ac6cca00782d3", "b329e8cbe79d5c1c"),
+    (2, True): ("ea7020ea6b344a8f", "2337e5d7fa1bdf35"),
 }
 
 
