@@ -25,7 +25,9 @@ Mutating commands:
   pending one). With ``pods``, only those pods end; as in HiveD the group's cells stay
   reserved for it until its last pod ends (then it is deleted and its cells freed).
 - ``{"op": "set_node_health", "node": name, "healthy": bool}``: cells on bad nodes are
-  never given to new groups; groups already there keep them (as in HiveD).
+  never given to new groups; groups already there keep them (as in HiveD). VC cells
+  that can only be backed by bad cells are doomed bad (``health.py``), reported as
+  ``doomed_bad_cells`` and in ``vc_status``.
 - ``{"op": "reconfigure", "config": yaml text or mapping}``: work-preserving
   reconfiguration. Running groups keep their cells; cells no longer in the config are
   ignored (the group keeps running, untracked); a guaranteed group that no longer fits
@@ -36,7 +38,8 @@ Mutating commands:
   only what commands carry; the machine keeps the largest ``now_ms`` seen and never
   moves backwards. Expiry releases (or cancels) every group whose lease ended.
 
-Read-only queries: ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
+Read-only queries: ``{"op": "what_if", ...}`` (a dry run of ``allocate`` or
+``pod_schedule``, ``pods.py``), ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
 ``{"op": "group_status", "group"}``, ``{"op": "list_groups"}`` and ``{"op": "inspect",
 "view", "name"?}`` (HiveD's web server shapes, ``inspect.py``). They go through
 ``apply`` when they take the log path, or through ``query`` (which refuses anything
