@@ -179,7 +179,7 @@ class VScope:
     """A VC's virtual cells in one chain (non-pinned), or one pinned cell."""
 
     __slots__ = ("vc", "chain", "pinned_id", "roots", "nodes", "root_index", "node_index", "leaves", "free", "key",
-                 "node_leaves_max")
+                 "node_leaves_max", "by_level")
 
     def __init__(self, vc: str, chain: PChain, pinned_id: str | None) -> None:
         self.vc = vc
@@ -193,6 +193,7 @@ class VScope:
         self.free = 0  # free leaves over all roots
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
         self.node_leaves_max = 0
+        self.by_level: dict[int, list[VCell]] | None = None  # roots per level (health.roots_at)
 
     def max_node_leaves(self) -> int:
         return self.node_leaves_max
@@ -217,6 +218,10 @@ class Cluster:
         # cells): virtual cells bound to bad physical cells without a used leaf below.
         # Membership and sorted iteration only (machine._reconcile_health).
         self.hbound: dict[VCell, None] = {}
+        # Derived, not state: bumped whenever a node's health changes; health.bad_cells
+        # caches per chain against it.
+        self.bad_version = 0
+        self.bad_cache: dict[str, tuple[int, Any]] = {}
         for i, (name, info) in enumerate(config.chains.items()):
             self.chains[name] = PChain(info, i)
             self.chains_by_leaf_type.setdefault(info.leaf_type, []).append(self.chains[name])
@@ -569,6 +574,7 @@ class Cluster:
             self.bad_nodes.add(node)
         else:
             self.bad_nodes.discard(node)
+        self.bad_version += 1
 
     def reindex(self, t: Touched) -> None:
         # KeyIndex.remove / add inlined: this runs for every touched root and node of

@@ -106,6 +106,16 @@ def _pass(cl: Cluster) -> bool:
 
 
 def _node_cells(cl: Cluster, node: str) -> list[PCell]:
+    """The node-level cells of ``node`` (one per chain it carries), in config order;
+    static, so cached."""
+    key = "node:" + node
+    hit = cl.bad_cache.get(key)
+    if hit is None:
+        hit = cl.bad_cache[key] = (0, _node_cells_of(cl, node))
+    return hit[1]
+
+
+def _node_cells_of(cl: Cluster, node: str) -> list[PCell]:
     out: dict[int, PCell] = {}
     for leaf in cl.node_leaves.get(node, ()):
         c: PCell | None = leaf
@@ -133,7 +143,17 @@ def chain_scopes(cl: Cluster, chain: PChain) -> list[VScope]:
 
 
 def bad_cells(cl: Cluster, chain: PChain) -> list[list[PCell]]:
-    """Cells of ``chain`` with a bad leaf, per level, in config order."""
+    """Cells of ``chain`` with a bad leaf, per level, in config order (cached until the
+    set of bad nodes changes: ``Cluster.bad_version``)."""
+    hit = cl.bad_cache.get(chain.info.name)
+    if hit is not None and hit[0] == cl.bad_version:
+        return hit[1]
+    out = _bad_cells(cl, chain)
+    cl.bad_cache[chain.info.name] = (cl.bad_version, out)
+    return out
+
+
+def _bad_cells(cl: Cluster, chain: PChain) -> list[list[PCell]]:
     top = chain.info.top_level
     out: list[list[PCell]] = [[] for _ in range(top + 1)]
     seen: set[int] = set()
@@ -151,14 +171,20 @@ def bad_cells(cl: Cluster, chain: PChain) -> list[list[PCell]]:
     return out
 
 
-def healthy_left(cl: Cluster, chain: PChain, lvl: int, bad: list[list[PCell]]) -> int:
-    """Healthy cells of level ``lvl`` that are free or obtainable by splitting a free
-    ancestor (HiveD's totalLeftCellNum - len(badFreeCells))."""
+def total_left(chain: PChain, lvl: int) -> int:
+    """Cells of level ``lvl`` free or obtainable by splitting a free ancestor (HiveD's
+    totalLeftCellNum)."""
     per = chain.info.leaves_per_level
     total = 0
     for big in range(lvl, chain.info.top_level + 1):
         total += len(chain.free[big]) * (per[big - 1] // per[lvl - 1])
-    return total - sum(1 for c in bad[lvl] if cl.free_ancestor(c) is not None)
+    return total
+
+
+def healthy_left(cl: Cluster, chain: PChain, lvl: int, bad: list[list[PCell]]) -> int:
+    """Healthy cells of level ``lvl`` that are free or obtainable by splitting a free
+    ancestor (HiveD's totalLeftCellNum - len(badFreeCells))."""
+    return total_left(chain, lvl) - sum(1 for c in bad[lvl] if cl.free_ancestor(c) is not None)
 
 
 def doom_candidate(cl: Cluster, chain: PChain, lvl: int, bad: list[list[PCell]]) -> PCell | None:
@@ -181,17 +207,23 @@ def doom_candidate(cl: Cluster, chain: PChain, lvl: int, bad: list[list[PCell]])
 
 
 def _doom_chain(cl: Cluster, chain: PChain) -> bool:
+    doomed_levels = {v.level for v in cl.hbound if is_doomed(v) and v.scope.chain is chain}
+    if not doomed_levels and not any(t.bad for t in chain.tops):
+        return False
     scopes = chain_scopes(cl, chain)
     if not scopes:
-        return False
-    if not any(t.bad for t in chain.tops) and not any(
-            is_doomed(r) for s in scopes for r in s.roots if r.pcell is not None):
         return False
     bad = bad_cells(cl, chain)
     changed = False
     for lvl in range(chain.info.top_level, 0, -1):
+        # No VC has more unbound cells of this level than all VCs together (the chain's
+        # demand): with no doomed cell here and demand within the healthy free cells,
+        # the rule has nothing to do at this level.
+        if lvl not in doomed_levels and (chain.demand[lvl] <= total_left(chain, lvl) - len(bad[lvl])
+                                         or chain.demand[lvl] <= healthy_left(cl, chain, lvl, bad)):
+            continue
         for scope in scopes:
-            roots = [r for r in scope.roots if r.level == lvl]
+            roots = roots_at(scope, lvl)
             if not roots:
                 continue
             while True:
@@ -214,6 +246,16 @@ def _doom_chain(cl: Cluster, chain: PChain) -> bool:
                     continue
                 break
     return changed
+
+
+def roots_at(scope: VScope, lvl: int) -> list[VCell]:
+    """The scope's preassigned cells of level ``lvl``, in config order (static)."""
+    by_level = scope.by_level
+    if by_level is None:
+        by_level = scope.by_level = {}
+        for r in scope.roots:
+            by_level.setdefault(r.level, []).append(r)
+    return by_level.get(lvl, [])
 
 
 def doom(cl: Cluster, r: VCell, p: PCell) -> None:
@@ -281,7 +323,7 @@ def violations(cl: Cluster) -> list[str]:
             healthy = healthy_left(cl, chain, lvl, bad)
             cand = None
             for scope in chain_scopes(cl, chain):
-                roots = [r for r in scope.roots if r.level == lvl]
+                roots = roots_at(scope, lvl)
                 unbound = sum(1 for r in roots if r.pcell is None)
                 doomed = [r for r in roots if is_doomed(r)]
                 if doomed and unbound < healthy:

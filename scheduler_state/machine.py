@@ -523,11 +523,11 @@ class SchedulerStateMachine:
         total = req.total
         reason = None
         held = None  # a Preempting group holding cells this request could otherwise preempt
-        hbound = cl.hbound
+        doomed_scopes = {v.scope for v in cl.hbound if _health.is_doomed(v)} if cl.hbound else ()
         for scope in scopes:
             # Doomed bad cells are avoided while healthy ones remain: a first free pass
             # without them (only when the scope has some), then the usual passes.
-            doomed = bool(hbound) and any(_health.is_doomed(r) for r in scope.roots if r.pcell is not None)
+            doomed = scope in doomed_scopes
             for preempt in ((None, False, True) if doomed else (False, True)):
                 avoid_doomed = preempt is None
                 preempt = bool(preempt)
