@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from scheduler_state import health as _health
 from scheduler_state.cells import OPPORTUNISTIC_PRIORITY, PCell, Touched
 from scheduler_state.machine import CommandError, Group, NotFound, Pod, _str
 from scheduler_state.requests import NAME_BYTES_MAX, Request, RequestError, parse_request, request_from_record
@@ -626,6 +627,20 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
     if chain not in cl.chains:
         found = next((p for _, _, pl in rows for p in pl if p is not None), None)
         chain = found.chain.info.name if found is not None else (chain or "")
+    if not req.opportunistic:
+        # A running pod outranks a doomed bad binding (advisory: it only marks a VC's
+        # loss): one over its devices is released first, and re-made elsewhere if the
+        # rule still asks for it when the command ends (HiveD's allocateLeafCell keeps
+        # "the binding ... created before (when the cell is bad)" for the pod).
+        for _, _, pleaves in rows:
+            for p in pleaves:
+                a = p
+                while a is not None:
+                    v = a.vcell
+                    if v is not None and _health.is_doomed(v):
+                        _health.release_doomed(cl, v)
+                        break
+                    a = a.parent
     seq = m.next_seq
     m.next_seq += 1
     g = Group(req, seq, chain)

@@ -391,3 +391,25 @@ def test_doomed_state_snapshots_and_replays_exactly() -> None:
     assert c.snapshot() == snap and check(c) == []
     assert [a.apply(x) for x in tail] == [c.apply(x) for x in tail]
     assert a.digest() == c.digest() and check(a) == []
+
+
+def test_a_running_pod_re_added_on_a_doomed_cell_keeps_its_cells() -> None:
+    """AddAllocatedPod (recovery from pod bind info) of a pod running on a node that
+    another VC's doomed bad cell sits on: the running pod wins -- HiveD's
+    ``allocateLeafCell`` binds it over "the binding ... created before (when the cell is
+    bad)" -- and the doomed cell moves to another bad node; the group is not lazily
+    preempted."""
+    a = four_nodes()
+    assert nodes_of(allocate(a, "x", "vc2", 0, 1, 4)) == ["n0"]
+    s = pod_spec("j/run", "vc1", 0, 1, 4)
+    r = apply_ok(a, {"op": "pod_schedule", "pod": pod("u", "run"), "spec": s})
+    assert r["node"] == "n1"
+    info = apply_ok(a, {"op": "pod_bind", "pod": pod("u", "run"), "node": "n1"})["bind_info"]
+    b = four_nodes()
+    for n in ("n0", "n1", "n2"):
+        apply_ok(b, {"op": "set_node_health", "node": n, "healthy": False})
+    assert health(b, "vc2")[0] == ("vc2/0", "0/n1", "doomed-bad")
+    r = apply_ok(b, {"op": "add_allocated_pod", "pod": pod("u", "run"), "spec": s, "bind_info": info})
+    assert r["ok"] and r["lazy_preempted"] == [] and r["node"] == "n1"
+    assert ("vc1/1", "0/n1", "bad") in health(b, "vc1")
+    assert [h for _, _, h in health(b, "vc2")].count("doomed-bad") == 1
