@@ -154,6 +154,11 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 # Rejected, or answered "waiting" without queueing (a failed attempt, maybe
                 # after trying and reverting lazy preemptions): nothing may have changed.
                 assert self.m.snapshot() == before, f"{cmd} -> {r} changed the state"
+            if cmd["op"] == "allocate" and r.get("ok"):
+                # placed first; a waiting group of higher priority retried by the same
+                # command may then preempt it (listed under ``scheduled``)
+                self._victims(r["preempted"])
+                self.allocated.add(r["group"])
             for s in r.get("scheduled", []):
                 self.pending.remove(s["group"])
                 if "dropped" not in s:
@@ -235,9 +240,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 for v in r["lazy_preempted"]:
                     vvc, vprio, vopp, vlazy = before[v]
                     assert vvc == vc and vprio < prio and vlazy and not vopp
-                    assert self.m.groups[v].opportunistic
-                self._victims(r["preempted"])
-                self.allocated.add(name)
+                    assert v not in self.m.groups or self.m.groups[v].opportunistic
             elif r.get("queued"):
                 self.pending.append(name)
 
@@ -296,7 +299,6 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 assert r["ok"], r
             if r["ok"]:
                 assert r["preempted"] == [] and r["opportunistic"]
-                self.allocated.add(name)
             elif r.get("queued"):
                 self.pending.append(name)
 
