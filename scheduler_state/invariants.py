@@ -25,7 +25,9 @@ Checked:
    group's pod list -- and the UID index agrees; a pod-tracked group has one slot per
    pod. A Preempting group is neither allocated nor pending, has at least one pod and
    at least one victim; its victims are exactly the allocated groups marked Being
-   preempted by it (so a group is the victim of one preemptor at a time).
+   preempted by it (so a group is the victim of one preemptor at a time), and each
+   victim holds some of the cells the Preempting group's plan will use (its
+   reservation is its victims' cells; no leaf is held twice, rule 1).
 7. **Virtual-cell health** (``health.py``, HiveD's doomed bad cells): every virtual cell
    bound with no leaf in use below it (other than a pinned cell) is a health binding,
    and every health binding is to a bad physical cell (doomed-bad bindings only to bad
@@ -304,9 +306,16 @@ def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
             _err(out, f"preempting group {pname} has no pod")
         if not p.victims:
             _err(out, f"preempting group {pname} has no victim left (it should have been placed)")
+        planned = {d for row in p.plan for d in row}
         for v in p.victims:
             if v not in m.groups or m.groups[v].preempted_by != pname:
                 _err(out, f"victim {v} of preempting group {pname} is gone or not marked by it")
+                continue
+            # the reservation is the victims' cells it will use: each victim holds some
+            held = {(node, idx) for pod in m.groups[v].pods for (node, idx, _), c in zip(pod.devices, pod.pleaves)
+                    if c is not None}
+            if not held & planned:
+                _err(out, f"victim {v} of preempting group {pname} holds none of its planned cells")
         for ref in p.pods:
             seen += 1
             if refs.get(ref.uid) is not ref or ref.group != pname or ref.state != "Preempting":
