@@ -157,7 +157,7 @@ def _bad_cells(cl: Cluster, chain: PChain) -> list[list[PCell]]:
     top = chain.info.top_level
     out: list[list[PCell]] = [[] for _ in range(top + 1)]
     seen: set[int] = set()
-    for node in cl.bad_nodes:  # membership only: sorted below
+    for node in sorted(cl.bad_nodes):
         for leaf in cl.node_leaves.get(node, ()):
             if leaf.chain is not chain:
                 continue
