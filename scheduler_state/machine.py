@@ -1106,9 +1106,8 @@ class SchedulerStateMachine:
                          "leaf_cells": r.leaves, "free_leaf_cells": r.free,
                          "bound_to": r.pcell.addr if r.pcell is not None else None,
                          "health": _health.cell_health(r)}
-                bad_below = [x.addr for x in _bound_below(r) if x.pcell is not None and x.pcell.bad]
-                if bad_below:
-                    entry["bad_cells"] = bad_below
+                if r.pcell is not None and r.pcell.bad:  # its bad parts, bound so placement skips them
+                    entry["bad_cells"] = [x.addr for x in _bound_below(r) if x.pcell is not None and x.pcell.bad]
                 if scope.pinned_id:
                     entry["pinned_cell_id"] = scope.pinned_id
                 cells.append(entry)

@@ -14,8 +14,10 @@ Two pure searches (they read the cluster and write only their own scratch state)
 - :class:`MapPlan` maps chosen virtual leaves to physical leaves (HiveD's
   ``mapVirtualPlacementToPhysical``): a bound virtual cell keeps its physical cell; an
   unbound preassigned cell gets one by buddy allocation from the lowest non-empty free
-  level at or above its own (split on demand, never a higher level, which is what keeps
-  every VC's quota satisfiable); an unbound inner cell gets an unbound physical child of
+  level at or above its own (split on demand, which is what keeps every VC's quota
+  satisfiable; a higher level only when the lowest offers only bad or non-suggested
+  cells and VC safety still holds: HiveD's safe relaxed split); an unbound inner cell
+  gets an unbound physical child of
   its parent's physical cell, so topology inside a preassigned cell is preserved. Among
   candidates it prefers healthy, suggested, fewest opportunistic users, lowest id.
 
