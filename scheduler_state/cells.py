@@ -179,7 +179,7 @@ class VScope:
     """A VC's virtual cells in one chain (non-pinned), or one pinned cell."""
 
     __slots__ = ("vc", "chain", "pinned_id", "roots", "nodes", "root_index", "node_index", "leaves", "free", "key",
-                 "node_leaves_max")
+                 "node_leaves_max", "by_level")
 
     def __init__(self, vc: str, chain: PChain, pinned_id: str | None) -> None:
         self.vc = vc
@@ -193,6 +193,7 @@ class VScope:
         self.free = 0  # free leaves over all roots
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
         self.node_leaves_max = 0
+        self.by_level: dict[int, list[VCell]] | None = None  # roots per level (health.roots_at)
 
     def max_node_leaves(self) -> int:
         return self.node_leaves_max
@@ -213,6 +214,14 @@ class Cluster:
         self.vc_pinned: dict[str, dict[str, VScope]] = {}  # vc -> pinned id -> scope
         self.chains_by_leaf_type: dict[str, list[PChain]] = {}
         self.bad_nodes: set[str] = set()  # membership only; sorted whenever listed
+        # Health bindings (HiveD's doomed bad cells and bad cells bound under bound
+        # cells): virtual cells bound to bad physical cells without a used leaf below.
+        # Membership and sorted iteration only (machine._reconcile_health).
+        self.hbound: dict[VCell, None] = {}
+        # Derived, not state: bumped whenever a node's health changes; health.bad_cells
+        # caches per chain against it.
+        self.bad_version = 0
+        self.bad_cache: dict[str, tuple[int, Any]] = {}
         for i, (name, info) in enumerate(config.chains.items()):
             self.chains[name] = PChain(info, i)
             self.chains_by_leaf_type.setdefault(info.leaf_type, []).append(self.chains[name])
@@ -358,6 +367,29 @@ class Cluster:
             a = a.parent
         return a
 
+
+    # -- health bindings (HiveD's doomed bad cells; machine._reconcile_health) ---------
+
+    def health_bind(self, v: VCell, p: PCell) -> None:
+        """Bind ``v`` to the bad physical cell ``p`` with no leaf in use: a preassigned
+        cell takes ``p`` out of the free lists (a doomed bad cell); an inner cell follows
+        its parent (a bad child of a bound cell, so placement sees it)."""
+        v.pcell = p
+        p.vcell = v
+        if v.parent is None:
+            self.take_from_free(p)
+            p.chain.demand[v.level] -= 1
+        self.hbound[v] = None
+
+    def health_unbind(self, v: VCell) -> None:
+        p = v.pcell
+        assert p is not None
+        v.pcell = None
+        p.vcell = None
+        if v.parent is None:
+            self.give_to_free(p)
+            p.chain.demand[v.level] += 1
+        self.hbound.pop(v, None)
 
     # -- bindings and leaf usage (the only code that changes counters) ----------------
 
@@ -542,6 +574,7 @@ class Cluster:
             self.bad_nodes.add(node)
         else:
             self.bad_nodes.discard(node)
+        self.bad_version += 1
 
     def reindex(self, t: Touched) -> None:
         # KeyIndex.remove / add inlined: this runs for every touched root and node of
@@ -751,10 +784,15 @@ def safety_shortfall(chain: PChain, demand: list[int]) -> str | None:
     top-down like the config check: free cells at a level serve that level's demand, the
     rest split into children for the level below. Returns None or a description.
     """
-    info = chain.info
+    return counts_shortfall(chain.info, [len(k) for k in chain.free], demand)
+
+
+def counts_shortfall(info: ChainInfo, counts: list[int], demand: list[int]) -> str | None:
+    """``safety_shortfall`` on free-cell counts per level (``counts[level]``): the same
+    check on a tentative state (a split being considered)."""
     available = 0
     for lvl in range(info.top_level, 0, -1):
-        available += len(chain.free[lvl])
+        available += counts[lvl]
         if demand[lvl] > available:
             return (f"chain {info.name}: {demand[lvl]} unbound {info.types[lvl - 1]} VC cells "
                     f"but only {available} obtainable from the free lists")

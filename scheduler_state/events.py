@@ -13,7 +13,7 @@ is a dict with ``type`` and, for group events, ``group``:
   ``lazy_preempted``: a victim kept its cells but was demoted to opportunistic.
 - ``queued``: an ``allocate`` that could not be placed now joined the pending queue.
 - ``released``: a group's cells were freed by ``release`` (``pods``: only some pods
-  ended, the group still runs, when ``partial`` is true).
+  ended, the group still runs and keeps its cells, when ``partial`` is true).
 - ``cancelled``: a pending group left the queue (``release`` or its lease ended).
 - ``expired``: a placed group's lease ended (``lease_expire``).
 - ``dropped``: a pending group that no longer parses against the config left the queue.

@@ -88,7 +88,7 @@ def _pcell_base(p: PCell) -> dict[str, Any]:
         "cellType": p.ctype,
         "cellAddress": p.addr,
         "cellState": "Used" if p.used else "Free",
-        "cellHealthiness": "Bad" if p.bad and p.bad == p.leaves else "Healthy",
+        "cellHealthiness": "Bad" if p.bad else "Healthy",  # HiveD: bad if ANY leaf below is bad
         "cellPriority": _pprio(p),
     }
     if p.nodeish:
@@ -112,7 +112,8 @@ def _vcell_base(v: VCell) -> dict[str, Any]:
         "cellType": v.ctype,
         "cellAddress": v.addr,
         "cellState": "Used" if used else "Free",
-        "cellHealthiness": "Bad" if p is not None and p.bad and p.bad == p.leaves else "Healthy",
+        # HiveD: a virtual cell bound to a bad physical cell (doomed bad included) is bad
+        "cellHealthiness": "Bad" if p is not None and p.bad else "Healthy",
         "cellPriority": _vprio(v) if used else FREE_PRIORITY,
     }
     if v.nodeish and v.level == v.scope.chain.info.node_level:

@@ -25,7 +25,16 @@ Checked:
    group's pod list -- and the UID index agrees; a pod-tracked group has one slot per
    pod. A Preempting group is neither allocated nor pending, has at least one pod and
    at least one victim; its victims are exactly the allocated groups marked Being
-   preempted by it (so a group is the victim of one preemptor at a time).
+   preempted by it (so a group is the victim of one preemptor at a time), and each
+   victim holds some of the cells the Preempting group's plan will use (its
+   reservation is its victims' cells; no leaf is held twice, rule 1).
+7. **Virtual-cell health** (``health.py``, HiveD's doomed bad cells): every virtual cell
+   bound with no leaf in use below it (other than a pinned cell) is a health binding,
+   and every health binding is to a bad physical cell (doomed-bad bindings only to bad
+   cells); a bad node cell under a bound cell is bound; per chain, level and VC the
+   doomed rule is at its fixpoint: no VC has doomed cells while its unbound cells are
+   fewer than the healthy free cells, and none has more unbound cells than healthy free
+   cells while a bad free cell could be doomed without breaking VC safety.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ from scheduler_state.cells import (
     ckey,
     safety_shortfall,
 )
+
+from scheduler_state import health as _health
 
 if TYPE_CHECKING:
     from scheduler_state.machine import SchedulerStateMachine
@@ -139,8 +150,9 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
         if v.parent is not None and (v.parent.pcell is None or v.parent.pcell is not p.parent):
             _err(out, f"{v.addr} bound to {p.addr} but its parent is not bound to {p.addr}'s parent")
         pinned_root = v.parent is None and v.scope.pinned_id is not None
-        if not pinned_root and v.free == v.leaves:
-            _err(out, f"{v.addr} is bound to {p.addr} with no used leaf below it")
+        if not pinned_root and v.free == v.leaves and (v not in cl.hbound or not p.bad):
+            _err(out, f"{v.addr} is bound to {p.addr} with no used leaf below it (and is no health binding "
+                      f"to a bad cell)")
         if pinned_root and cl.pinned_cells.get(v.scope.pinned_id) is not p:  # type: ignore[arg-type]
             _err(out, f"pinned cell {v.scope.pinned_id} bound to {p.addr}")
     for p in cl.pcells:
@@ -157,6 +169,9 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
     _check_counters(m, out)
     # 6: pods and preemption states.
     _check_pods(m, out)
+    # 7: health bindings and doomed bad cells (health.py).
+    for msg in _health.violations(cl):
+        _err(out, msg)
     for name, chain in cl.chains.items():
         expect: list[PCell] = []
         for top in chain.tops:
@@ -291,9 +306,16 @@ def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
             _err(out, f"preempting group {pname} has no pod")
         if not p.victims:
             _err(out, f"preempting group {pname} has no victim left (it should have been placed)")
+        planned = {d for row in p.plan for d in row}
         for v in p.victims:
             if v not in m.groups or m.groups[v].preempted_by != pname:
                 _err(out, f"victim {v} of preempting group {pname} is gone or not marked by it")
+                continue
+            # the reservation is the victims' cells it will use: each victim holds some
+            held = {(node, idx) for pod in m.groups[v].pods for (node, idx, _), c in zip(pod.devices, pod.pleaves)
+                    if c is not None}
+            if not held & planned:
+                _err(out, f"victim {v} of preempting group {pname} holds none of its planned cells")
         for ref in p.pods:
             seen += 1
             if refs.get(ref.uid) is not ref or ref.group != pname or ref.state != "Preempting":

@@ -22,10 +22,12 @@ Mutating commands:
   node healthy, lease expiry, reconfigure) and those results list it under ``scheduled``.
   ``now_ms``/``ttl_ms`` grant a lease at once.
 - ``{"op": "release", "group": name, "pods": [i, ...]?}``: delete a group (or cancel a
-  pending one). With ``pods``, only those pods end: their cells are freed at once, or,
-  with ``gangReleaseEnable``, only when the last pod ends.
+  pending one). With ``pods``, only those pods end; as in HiveD the group's cells stay
+  reserved for it until its last pod ends (then it is deleted and its cells freed).
 - ``{"op": "set_node_health", "node": name, "healthy": bool}``: cells on bad nodes are
-  never given to new groups; groups already there keep them (as in HiveD).
+  never given to new groups; groups already there keep them (as in HiveD). VC cells
+  that can only be backed by bad cells are doomed bad (``health.py``), reported as
+  ``doomed_bad_cells`` and in ``vc_status``.
 - ``{"op": "reconfigure", "config": yaml text or mapping}``: work-preserving
   reconfiguration. Running groups keep their cells; cells no longer in the config are
   ignored (the group keeps running, untracked); a guaranteed group that no longer fits
@@ -36,7 +38,8 @@ Mutating commands:
   only what commands carry; the machine keeps the largest ``now_ms`` seen and never
   moves backwards. Expiry releases (or cancels) every group whose lease ended.
 
-Read-only queries: ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
+Read-only queries: ``{"op": "what_if", ...}`` (a dry run of ``allocate`` or
+``pod_schedule``, ``pods.py``), ``{"op": "cluster_status"}``, ``{"op": "vc_status", "vc"}``,
 ``{"op": "group_status", "group"}``, ``{"op": "list_groups"}`` and ``{"op": "inspect",
 "view", "name"?}`` (HiveD's web server shapes, ``inspect.py``). They go through
 ``apply`` when they take the log path, or through ``query`` (which refuses anything
@@ -76,6 +79,7 @@ from scheduler_state.cells import (
     VScope,
     safety_shortfall,
 )
+from scheduler_state import health as _health
 from scheduler_state import inspect as hived_inspect
 from scheduler_state.config import Config, ConfigError, load_config
 from scheduler_state.placement import (
@@ -90,7 +94,7 @@ from scheduler_state.requests import Request, RequestError, parse_request, reque
 
 SNAPSHOT_FORMAT = 1
 READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_groups", "inspect", "pod_status",
-                      "list_pods"})
+                      "list_pods", "what_if"})
 SCHEDULER_KEY = "scheduler"  # the one key of the lease-read history (module docstring)
 PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
 TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64
@@ -248,7 +252,12 @@ class SchedulerStateMachine:
         if handler is None:
             return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
         try:
-            return handler(self, command)
+            result = handler(self, command)
+            if op not in READ_OPS:
+                # HiveD's doomed bad cells and bad-cell bindings (health.py): brought to
+                # its rules at every command boundary (a no-op without bad nodes).
+                _health.reconcile(self.cluster)
+            return result
         except NotFound as exc:
             return {"ok": False, "error": str(exc), "not_found": True}
         except (CommandError, RequestError, ConfigError) as exc:
@@ -307,6 +316,9 @@ class SchedulerStateMachine:
             "pending": [{"seq": e.seq, "spec": e.req.to_record(), "lease_ms": e.lease_ms} for e in self.pending],
         }
         _pods.snapshot_machine(self, state)
+        if self.cluster.hbound:  # absent without bad nodes: such states snapshot as before
+            state["health_bindings"] = [[v.id, v.pcell.id] for v in sorted(self.cluster.hbound, key=lambda v: v.id)
+                                        if v.pcell is not None]
         return msgpack.packb(_canonical(state), use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
@@ -353,6 +365,14 @@ class SchedulerStateMachine:
             self.pending.append(e)
             self.pending_by_name[e.req.name] = e
         _pods.load_machine(self, state)
+        pairs = [(cl.vcells[vid], cl.pcells[pid]) for vid, pid in state.get("health_bindings", ())]
+        for v, p in sorted(pairs, key=lambda vp: (-vp[0].level, vp[0].id)):
+            if v.pcell is None:
+                cl.health_bind(v, p)
+            elif v.pcell is not p:
+                raise ValueError(f"snapshot inconsistent: {v.addr} bound to {v.pcell.addr}, not {p.addr}")
+            else:
+                cl.hbound[v] = None
         cl.reindex(t)
 
     # -- bookkeeping ------------------------------------------------------------------
@@ -463,14 +483,21 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         for chain in chains:
-            placer = physical_placer(sugg)
             keys = chain.node_index.keys
 
             def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
                 return list(indexed_roots(keys, cl.pcells, kmin))
 
-            found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
-                                 (keys, cl.pcells))
+            # HiveD spreads opportunistic pods away from guaranteed ones: first only
+            # nodes without guaranteed leaves, then (if that fails) any node.
+            found = None
+            guaranteed = any(top.used != top.opp for top in chain.tops)
+            for away in ((True, False) if guaranteed else (False,)):
+                placer = physical_placer(sugg, away)
+                found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
+                                     (keys, cl.pcells))
+                if found is not None:
+                    break
             if found is None:
                 continue
             if mode == "dry":
@@ -496,12 +523,18 @@ class SchedulerStateMachine:
         total = req.total
         reason = None
         held = None  # a Preempting group holding cells this request could otherwise preempt
+        doomed_scopes = {v.scope for v in cl.hbound if _health.is_doomed(v)} if cl.hbound else ()
         for scope in scopes:
-            for preempt in (False, True):
+            # Doomed bad cells are avoided while healthy ones remain: a first free pass
+            # without them (only when the scope has some), then the usual passes.
+            doomed = scope in doomed_scopes
+            for preempt in ((None, False, True) if doomed else (False, True)):
+                avoid_doomed = preempt is None
+                preempt = bool(preempt)
                 if not preempt:
                     if scope.free < total:
                         continue
-                    placer = virtual_free_placer(sugg)
+                    placer = virtual_free_placer(sugg, avoid_doomed)
                     roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
                     keys = scope.node_index.keys
 
@@ -538,6 +571,13 @@ class SchedulerStateMachine:
             if held is not None:
                 reason += (f"; cells of lower-priority groups are being preempted by affinity group {held.name} "
                            f"(priority {held.req.priority})")
+            if cl.hbound:
+                bad = sorted({n for v in cl.hbound if v.scope in scopes and v.pcell is not None
+                              for n in cl.nodes_of(v.pcell) if n in cl.bad_nodes})
+                if bad:
+                    doomed = sorted(v.addr for v in cl.hbound if v.scope in scopes and _health.is_doomed(v))
+                    reason += (f"; its cells on bad nodes: {', '.join(bad)}"
+                               + (f" (doomed bad cells: {', '.join(doomed)})" if doomed else ""))
         return _Attempt(None, reason)
 
     def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
@@ -656,6 +696,7 @@ class SchedulerStateMachine:
         """One FIFO pass over waiting groups (bounded by the queue length). Preempting
         groups whose victims are all gone are placed first (pods.py): the cells their
         victims left are theirs, never a waiting group's."""
+        _health.reconcile(self.cluster)
         out: list[dict[str, Any]] = _pods.complete_preemptions(self) if self.preemptors else []
         # Requests of the same shape fail alike until something is placed, so a shape
         # that failed in this pass is not searched again (a long queue of equal jobs
@@ -754,18 +795,17 @@ class SchedulerStateMachine:
         if not isinstance(pods, list) or not pods or not all(
                 isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.pods) for i in pods):
             raise CommandError(f"pods must be a non-empty list of pod indices in 0..{len(g.pods) - 1}")
+        # HiveD's DeleteAllocatedPod: a pod's slot ends, its cells stay with the group
+        # until the last pod is gone (allPodsReleased), whatever gangReleaseEnable says
+        # (HiveD's algorithm records the flag but never consults it to free cells).
         for i in sorted(set(pods)):
-            pod = g.pods[i]
-            if pod.released:
-                continue
-            pod.released = True
-            if not g.req.gang_release:
-                self._free_pod(pod, t)
+            g.pods[i].released = True
         done = all(p.released for p in g.pods)
-        if done:
-            self._remove_group(g, t)
+        if not done:
+            return {"ok": True, "group": name, "released": False, "scheduled": []}
+        self._remove_group(g, t)
         self.cluster.reindex(t)
-        return {"ok": True, "group": name, "released": done, "scheduled": self._retry_pending()}
+        return {"ok": True, "group": name, "released": True, "scheduled": self._retry_pending()}
 
     def _cmd_set_node_health(self, cmd: dict[str, Any]) -> dict[str, Any]:
         node = _str(cmd, "node")
@@ -780,8 +820,17 @@ class SchedulerStateMachine:
         t = Touched()
         cl.set_node_bad(node, not healthy, t)
         cl.reindex(t)
-        return {"ok": True, "node": node, "changed": True,
+        _health.reconcile(cl)
+        return {"ok": True, "node": node, "changed": True, "doomed_bad_cells": self._doomed_view(),
                 "scheduled": self._retry_pending() if healthy else []}
+
+    def _doomed_view(self) -> dict[str, list[str]]:
+        """VC -> addresses of its doomed bad cells (HiveD's vcDoomedBadCells)."""
+        out: dict[str, list[str]] = {}
+        for v in sorted(self.cluster.hbound, key=lambda v: v.id):
+            if _health.is_doomed(v):
+                out.setdefault(v.vc, []).append(v.addr)
+        return dict(sorted(out.items()))
 
     def _cmd_lease_grant(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = _str(cmd, "group")
@@ -860,8 +909,10 @@ class SchedulerStateMachine:
             g.lazy_by = og.lazy_by
             g.slots = og.slots
             for op in og.pods:
-                if op.released and not og.req.gang_release:
-                    pleaves: list[PCell | None] = [None] * len(op.devices)  # its cells were freed
+                if op.released and all(p is None for p in op.pleaves):
+                    # freed before (a state from an older version freed a released pod's
+                    # cells at once): nothing to track
+                    pleaves: list[PCell | None] = [None] * len(op.devices)
                 else:
                     pleaves = [cl.leaf_by_device.get((node, idx)) for node, idx, _ in op.devices]
                 pod = Pod(op.k, list(op.devices), pleaves, None)
@@ -1053,7 +1104,10 @@ class SchedulerStateMachine:
             for r in scope.roots:
                 entry = {"address": r.addr, "cell_type": r.ctype, "chain": scope.chain.info.name,
                          "leaf_cells": r.leaves, "free_leaf_cells": r.free,
-                         "bound_to": r.pcell.addr if r.pcell is not None else None}
+                         "bound_to": r.pcell.addr if r.pcell is not None else None,
+                         "health": _health.cell_health(r)}
+                if r.pcell is not None and r.pcell.bad:  # its bad parts, bound so placement skips them
+                    entry["bad_cells"] = [x.addr for x in _bound_below(r) if x.pcell is not None and x.pcell.bad]
                 if scope.pinned_id:
                     entry["pinned_cell_id"] = scope.pinned_id
                 cells.append(entry)
@@ -1065,7 +1119,8 @@ class SchedulerStateMachine:
                 opp += n
             else:
                 used[str(g.priority)] = used.get(str(g.priority), 0) + n
-        return {"ok": True, "vc": vc, "cells": cells,
+        health = {h: sum(1 for c in cells if c["health"] == h) for h in ("healthy", "bad", "doomed-bad")}
+        return {"ok": True, "vc": vc, "cells": cells, "cell_health": health,
                 "guaranteed_leaf_cells_by_priority": dict(sorted(used.items(), key=lambda kv: int(kv[0]))),
                 "opportunistic_leaf_cells": opp,
                 "groups": [g.name for g in sorted(self.vc_groups[vc].values(), key=lambda g: g.seq)]}
@@ -1107,6 +1162,17 @@ class SchedulerStateMachine:
     def ask(self, op: str, **fields: Any) -> dict[str, Any]:
         """``ask("vc_status", vc="vc1")``: a read-only query by keywords."""
         return self.query({"op": op, **fields})
+
+
+def _bound_below(r: VCell) -> list[VCell]:
+    """Bound virtual cells under ``r`` (not ``r``), in config order."""
+    out = []
+    stack = [ch for ch in r.children if ch.pcell is not None]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        stack.extend(ch for ch in x.children if ch.pcell is not None)
+    return sorted(out, key=lambda x: x.id)
 
 
 def _chain_fits(chain: PChain, kmax: int, total: int) -> bool:

@@ -14,8 +14,10 @@ Two pure searches (they read the cluster and write only their own scratch state)
 - :class:`MapPlan` maps chosen virtual leaves to physical leaves (HiveD's
   ``mapVirtualPlacementToPhysical``): a bound virtual cell keeps its physical cell; an
   unbound preassigned cell gets one by buddy allocation from the lowest non-empty free
-  level at or above its own (split on demand, never a higher level, which is what keeps
-  every VC's quota satisfiable); an unbound inner cell gets an unbound physical child of
+  level at or above its own (split on demand, which is what keeps every VC's quota
+  satisfiable; a higher level only when the lowest offers only bad or non-suggested
+  cells and VC safety still holds: HiveD's safe relaxed split); an unbound inner cell
+  gets an unbound physical child of
   its parent's physical cell, so topology inside a preassigned cell is preserved. Among
   candidates it prefers healthy, suggested, fewest opportunistic users, lowest id.
 
@@ -30,7 +32,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope
+from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope, counts_shortfall
 
 Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
 
@@ -244,14 +246,20 @@ class Placer:
 # -- count functions ------------------------------------------------------------------
 
 
-def virtual_free_placer(suggested: frozenset[str] | None) -> Placer:
+def virtual_free_placer(suggested: frozenset[str] | None, avoid_doomed: bool = False) -> Placer:
     delta: dict[Cell, int] = {}
     get = delta.get
 
     def cnt(c: VCell) -> int:
         return c.free - get(c, 0)
 
-    return Placer(cnt, delta, _virtual_node_ok(suggested))
+    ok = _virtual_node_ok(suggested)
+    if avoid_doomed:
+        def ok_healthy(c: VCell, ok: Callable[[VCell], bool] = ok) -> bool:
+            r = c.root  # not under a doomed bad preassigned cell (health.is_doomed)
+            return ok(c) and not (r.pcell is not None and r.free == r.leaves and r.scope.pinned_id is None)
+        return Placer(cnt, delta, ok_healthy)
+    return Placer(cnt, delta, ok)
 
 
 def virtual_preempt_placer(scope: VScope, priority: int, suggested: frozenset[str] | None,
@@ -281,13 +289,22 @@ def virtual_preempt_placer(scope: VScope, priority: int, suggested: frozenset[st
     return Placer(cnt, delta, _virtual_node_ok(suggested))
 
 
-def physical_placer(suggested: frozenset[str] | None) -> Placer:
+def physical_placer(suggested: frozenset[str] | None, away_from_guaranteed: bool = False) -> Placer:
+    """Free healthy unpinned physical leaves. With ``away_from_guaranteed`` a node that
+    holds leaves of guaranteed groups (``used > opp``) takes no pod: HiveD's
+    opportunistic scheduler does not pack across priorities (``crossPriorityPack``
+    false in ``topology_aware_scheduler.go``: opportunistic pods "stay away from
+    guaranteed pods")."""
     delta: dict[Cell, int] = {}
     get = delta.get
 
     def cnt(c: PCell) -> int:
         return c.oavail - get(c, 0)
 
+    if away_from_guaranteed:
+        if suggested is None:
+            return Placer(cnt, delta, lambda c: c.used == c.opp)
+        return Placer(cnt, delta, lambda c: c.used == c.opp and c.node in suggested)
     if suggested is None:
         return Placer(cnt, delta, _always)
     return Placer(cnt, delta, lambda c: c.node in suggested)
@@ -330,7 +347,7 @@ class MapPlan:
     """A tentative binding of virtual cells to physical cells; changes nothing until
     the caller commits it."""
 
-    __slots__ = ("cluster", "suggested", "plan", "taken", "removed", "extra", "failure")
+    __slots__ = ("cluster", "suggested", "plan", "taken", "removed", "extra", "failure", "planned")
 
     def __init__(self, cluster: Cluster, suggested: frozenset[str] | None) -> None:
         self.cluster = cluster
@@ -340,6 +357,7 @@ class MapPlan:
         self.removed: set[int] = set()  # free-list cells this plan split or took
         self.extra: dict[int, list[PCell]] = {}  # level -> cells freed by this plan's splits
         self.failure: str | None = None
+        self.planned: dict[int, int] = {}  # level -> preassigned cells this plan binds
 
     def _suggested_ok(self, p: PCell) -> bool:
         s = self.suggested
@@ -425,6 +443,12 @@ class MapPlan:
         return p.leafs
 
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
+        """A free physical cell of ``level`` for an unbound preassigned cell: HiveD's
+        ``buddyAlloc`` takes the lowest free level at or above ``level`` (splitting one
+        cell there), which always keeps VC safety. If that level offers only bad (or
+        non-suggested) cells, HiveD's ``safeRelaxedBuddyAlloc`` splits a cell of a
+        higher level -- only as far as the free cells left can still serve every VC's
+        unbound preassigned cells (VC safety); ``_relaxed`` does the same."""
         pcells = self.cluster.pcells
         removed = self.removed
         chosen = None
@@ -455,10 +479,83 @@ class MapPlan:
         if chosen is None:
             self.failure = f"VC safety broken: no free {chain.info.types[level - 1]} cell in chain {chain.info.name}"
             return None
+        target, path = self._descend(chosen, level)
+        if target.bad or not self._suggested_ok(target):
+            relaxed = self._relaxed(chain, level, chosen.level)
+            if relaxed is not None:
+                chosen, target, path = relaxed
         removed.add(chosen.id)
-        c = chosen
+        for c, kids in path:
+            self.extra.setdefault(c.level - 1, []).extend(k for k in kids if k is not None)
+        self.planned[level] = self.planned.get(level, 0) + 1
+        return target
+
+    def _descend(self, c: PCell, level: int) -> tuple[PCell, list[tuple[PCell, list[PCell | None]]]]:
+        """Split ``c`` down to ``level`` taking the best-ranked child each time; the path
+        (each split cell with the children left free)."""
+        path: list[tuple[PCell, list[PCell | None]]] = []
         while c.level > level:
             kids = sorted(c.children, key=self._rank)
-            self.extra.setdefault(c.level - 1, []).extend(kids[1:])
+            path.append((c, list(kids[1:])))
             c = kids[0]
-        return c
+        return c, path
+
+    def _relaxed(self, chain: PChain, level: int, lowest: int) -> tuple[PCell, PCell, list[Any]] | None:
+        """A usable (healthy, suggested) free cell of ``level`` inside a free cell of the
+        lowest free level or above, whose split keeps VC safety; free cells in list
+        order, lowest level first. None if there is none (the group waits)."""
+        pcells = self.cluster.pcells
+        removed = self.removed
+        info = chain.info
+        counts = [0] * (info.top_level + 1)
+        for lvl in range(1, info.top_level + 1):
+            counts[lvl] = sum(1 for key in chain.free[lvl].keys if key & ID_MASK not in removed) + \
+                sum(1 for c in self.extra.get(lvl, ()) if c.id not in removed)
+        demand = list(chain.demand)
+        for lvl, n in self.planned.items():
+            demand[lvl] -= n
+        for lvl in range(lowest, info.top_level + 1):
+            cands = [pcells[key & ID_MASK] for key in chain.free[lvl].keys if key & ID_MASK not in removed]
+            cands += [c for c in self.extra.get(lvl, ()) if c.id not in removed]
+            for c in cands:
+                target = self._usable_below(c, level)
+                if target is None:
+                    continue
+                if lvl > lowest:
+                    trial = list(counts)
+                    trial[lvl] -= 1
+                    for x in range(lvl - 1, level - 1, -1):
+                        trial[x] += info.child_numbers[x] - 1
+                    trial_demand = list(demand)
+                    trial_demand[level] -= 1
+                    if counts_shortfall(info, trial, trial_demand) is not None:
+                        break  # every cell of this level splits alike: try a higher level
+                path: list[tuple[PCell, list[PCell | None]]] = []
+                x = target
+                while x is not c:
+                    parent = x.parent
+                    assert parent is not None
+                    path.append((parent, [k for k in parent.children if k is not x]))
+                    x = parent
+                path.reverse()
+                return c, target, path
+        return None
+
+    def _usable_below(self, c: PCell, level: int) -> PCell | None:
+        """The best-ranked healthy, suggested cell of ``level`` under ``c`` (or ``c``)."""
+        if c.level == level:
+            return c if not c.bad and self._suggested_ok(c) else None
+        if not c.bad and self.suggested is None:
+            return self._descend(c, level)[0]
+        best = None
+        best_rank = None
+        stack = [c]
+        while stack:
+            x = stack.pop()
+            if x.level == level:
+                r = self._rank(x)
+                if not r[0] and not r[1] and (best_rank is None or r < best_rank):
+                    best, best_rank = x, r
+            elif x.level > level and x.vcell is None:
+                stack.extend(x.children)
+        return best

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from scheduler_state import health as _health
 from scheduler_state.cells import OPPORTUNISTIC_PRIORITY, PCell, Touched
 from scheduler_state.machine import CommandError, Group, NotFound, Pod, _str
 from scheduler_state.requests import NAME_BYTES_MAX, Request, RequestError, parse_request, request_from_record
@@ -626,6 +627,20 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
     if chain not in cl.chains:
         found = next((p for _, _, pl in rows for p in pl if p is not None), None)
         chain = found.chain.info.name if found is not None else (chain or "")
+    if not req.opportunistic:
+        # A running pod outranks a doomed bad binding (advisory: it only marks a VC's
+        # loss): one over its devices is released first, and re-made elsewhere if the
+        # rule still asks for it when the command ends (HiveD's allocateLeafCell keeps
+        # "the binding ... created before (when the cell is bad)" for the pod).
+        for _, _, pleaves in rows:
+            for p in pleaves:
+                a = p
+                while a is not None:
+                    v = a.vcell
+                    if v is not None and _health.is_doomed(v):
+                        _health.release_doomed(cl, v)
+                        break
+                    a = a.parent
     seq = m.next_seq
     m.next_seq += 1
     g = Group(req, seq, chain)
@@ -679,7 +694,90 @@ def cmd_list_pods(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, An
     return {"ok": True, "pods": out}
 
 
+def _plan_view(req: Request, plan: list[list[tuple[str, int]]]) -> list[dict[str, Any]]:
+    return [{"leaf_cell_number": k, "node": row[0][0] if row else None, "leaf_cells": [i for _, i in row]}
+            for k, row in zip(req.pods, plan)]
+
+
+def cmd_what_if(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any]:
+    """The read-only filter (a dry run): would this pod (``pod`` + ``spec``, as
+    ``pod_schedule``) or this group (``group``, as ``allocate``) be placed now, where,
+    and with which victims. Nothing changes (the digest is the same before and after):
+    lazy demotions tried on the way are undone, as a failed ``allocate`` undoes them.
+
+    Result: ``placeable`` (placed now without victims), ``placement`` (the whole group's
+    planned devices, per pod), ``victims`` (groups to preempt first, with their pods and
+    nodes), ``lazy_preempted`` (groups that would only be demoted), ``waiting`` and
+    ``reason`` when it cannot be placed now. For a pod also ``node``, ``leaf_cells`` and
+    ``slot`` (the slot it would take), ``state`` when it is already tracked, and
+    ``changes_state``: whether ``pod_schedule`` for it would change the state (it places
+    a new group, takes a slot, or joins a Preempting group's pods) -- the extender's
+    filter proposes ``pod_schedule`` only then and answers the rest from this read."""
+    if "pod" in cmd:
+        return _what_if_pod(m, cmd)
+    req = parse_request(cmd.get("group"), cmd.get("suggestedNodes"))
+    if req.name in m.groups:
+        raise CommandError(f"group {req.name} is already allocated")
+    if req.name in m.pending_by_name or req.name in m.preemptors:
+        raise CommandError(f"group {req.name} is already waiting or preempting")
+    return _what_if_new(m, req, m._candidates(req), None)
+
+
+def _what_if_new(m: SchedulerStateMachine, req: Request, known: Any, k: int | None) -> dict[str, Any]:
+    a = m._attempt(req, m.next_seq, known, mode="dry")
+    out: dict[str, Any] = {"ok": True, "group": req.name, "placeable": a.placeable,
+                           "victims": victims_view(m, a.preempted) if a.blocked else [],
+                           "lazy_preempted": a.lazy_preempted}
+    if a.plan is not None:
+        out["placement"] = _plan_view(req, a.plan)
+        if k is not None:
+            slot = next(i for i, kk in enumerate(req.pods) if kk == k)
+            out.update(slot=slot, node=out["placement"][slot]["node"],
+                       leaf_cells=out["placement"][slot]["leaf_cells"])
+    if not a.placeable:
+        out["waiting"] = True
+        out["reason"] = _victims_reason(out["victims"]) if a.blocked else a.reason
+    return out
+
+
+def _what_if_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any]:
+    uid, namespace, name, req, k = _common(m, cmd)
+    ref = m.pod_refs.get(uid)
+    if ref is not None:
+        if ref.group != req.name:
+            raise CommandError(f"pod {uid} belongs to affinity group {ref.group}, not {req.name}")
+        if ref.state == BOUND:
+            raise CommandError(f"Pod has already been bound to node {m.groups[ref.group].pods[ref.slot].devices[0][0]}")
+        view = pod_view(m, ref)
+        if ref.state == PREEMPTING:
+            return {"ok": True, **view, "placeable": False, "waiting": True, "changes_state": False,
+                    "reason": _victims_reason(view["victims"])}
+        return {"ok": True, **view, "placeable": True, "victims": [], "changes_state": False}
+    if req.name in m.pending_by_name:
+        raise CommandError(f"affinity group {req.name} is waiting in the group-level pending queue; "
+                           f"release it before scheduling its pods")
+    g = m.groups.get(req.name)
+    if g is not None:
+        _same_spec(g.req, req)
+        slot = _free_slot(g, k)
+        info = bind_info(g, slot)
+        return {"ok": True, "group": g.name, "placeable": True, "victims": [], "changes_state": True,
+                "slot": slot, "node": info["node"], "leaf_cells": info["leafCellIsolation"],
+                "group_placed": False}
+    p = m.preemptors.get(req.name)
+    if p is not None:
+        _same_spec(p.req, req)
+        victims = victims_view(m, p.victims)
+        return {"ok": True, "group": p.name, "placeable": False, "waiting": True, "preempting": True,
+                "victims": victims, "changes_state": True, "reason": _victims_reason(victims)}
+    out = _what_if_new(m, req, m._candidates(req), k)
+    out["changes_state"] = out["placeable"]
+    out["group_placed"] = out["placeable"]
+    return out
+
+
 HANDLERS = {
+    "what_if": cmd_what_if,
     "pod_schedule": cmd_pod_schedule,
     "pod_preempt": cmd_pod_preempt,
     "pod_bind": cmd_pod_bind,

@@ -20,7 +20,10 @@ JSON field names are those the K8s scheduler sends and reads for the extender ty
 ``metadata.name``, ``metadata.namespace``, ``metadata.annotations``). Its annotation
 ``hivedscheduler.microsoft.com/pod-scheduling-spec`` holds HiveD's spec (YAML).
 
-- **filter** proposes ``pod_schedule`` with ``NodeNames`` as the suggested nodes. Placed:
+- **filter** first reads ``what_if`` (the dry run: would the pod be placed, where, with
+  which victims; no log slot) and proposes ``pod_schedule`` with ``NodeNames`` as the
+  suggested nodes only when that changes the state (a new group placed, a slot taken, a
+  pod joining a Preempting group); a pod that must wait is answered from the read. Placed:
   ``NodeNames: [node]`` (the pod is now Binding: its slot is taken). Needs preemption:
   ``FailedNodes`` with, per node holding victims, HiveD's reason ``node(N) is waiting
   for victim Pod(s) to be preempted: uid(ns/name), ...``. Must wait: ``FailedNodes:
@@ -180,8 +183,17 @@ class ExtenderAPI:
         args = await self._args(request)
         ident, text, _ = self._pod(args)
         nodes = self._node_names(args)
-        result = await self.service.call({"op": "pod_schedule", "pod": ident, "spec": text,
-                                          "suggestedNodes": nodes})
+        op = {"pod": ident, "spec": text, "suggestedNodes": nodes}
+        # The dry run first (a read, no log slot): only a filter that changes the state
+        # (places the group, takes a slot, joins a Preempting group) is proposed.
+        result = await self.service.call({"op": "what_if", **op}, read=True)
+        if isinstance(result, dict) and result.get("ok") and result.get("changes_state"):
+            result = await self.service.call({"op": "pod_schedule", **op})
+        elif isinstance(result, dict) and result.get("ok") and not result.get("placeable"):
+            result = {**result, "ok": False}  # waiting: answered from the dry run
+        elif not isinstance(result, dict) or not result.get("ok"):
+            raise self._conflict(result)  # refused (e.g. already bound): nothing to propose
+        # else already Binding: the same answer again (HiveD insists on it)
         if not isinstance(result, dict):
             raise self._conflict(result)
         if result.get("ok"):

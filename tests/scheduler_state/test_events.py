@@ -29,8 +29,9 @@ def test_events_of_every_kind_of_change():
     assert run(m, {"op": "allocate", "group": spec("b", prio=50, pods=2)}) == [("preempted", "a"), ("placed", "b")]
     assert run(m, {"op": "allocate", "group": spec("c")}) == [("queued", "c")]
     assert run(m, {"op": "allocate", "group": spec("c")}) == []  # refused: already waiting
-    assert run(m, {"op": "release", "group": "b", "pods": [0]}) == [("released", "b"), ("placed", "c")]
-    assert run(m, {"op": "release", "group": "b"}) == [("released", "b")]
+    # a pod of b ends: b keeps its cells until its last pod is gone (HiveD)
+    assert run(m, {"op": "release", "group": "b", "pods": [0]}) == [("released", "b")]
+    assert run(m, {"op": "release", "group": "b"}) == [("released", "b"), ("placed", "c")]
     assert run(m, {"op": "set_node_health", "node": "node-2", "healthy": False}) == [("node_health", "node-2")]
     assert run(m, {"op": "set_node_health", "node": "node-2", "healthy": False}) == []  # no change
     assert run(m, {"op": "allocate", "group": spec("d", vc="vc-b", gpus=1), "now_ms": 1, "ttl_ms": 10}) == [

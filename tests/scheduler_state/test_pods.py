@@ -337,7 +337,7 @@ GROUPS = {  # name -> spec: several VCs, priorities, gangs and an opportunistic 
 NODES = ["node-0", "node-1", "node-2", "node-3"]
 
 command = st.one_of(
-    st.tuples(st.sampled_from(["pod_schedule", "pod_preempt", "pod_bind", "pod_delete"]),
+    st.tuples(st.sampled_from(["pod_schedule", "pod_preempt", "pod_bind", "pod_delete", "what_if"]),
               st.sampled_from(sorted(GROUPS)), st.integers(0, 4),
               st.sampled_from([None, NODES, NODES[:2], NODES[2:]])),
     st.tuples(st.just("set_node_health"), st.sampled_from(NODES), st.booleans(), st.none()),
@@ -372,6 +372,22 @@ def test_any_pod_command_sequence_keeps_invariants_and_replays(seq, cut):
     log = []
     for c in seq:
         cmd = to_cmd(m, c)
+        if cmd["op"] == "what_if":  # a read: nothing changes, and the filter does what it said
+            before = m.snapshot()
+            w = m.query(cmd)
+            assert m.snapshot() == before, (cmd, w)
+            copy = SchedulerStateMachine.__new__(SchedulerStateMachine)
+            copy.restore(before)
+            r = copy.apply({**cmd, "op": "pod_schedule"})
+            if not w["ok"]:
+                assert not r["ok"] and r["error"] == w["error"], (w, r)
+            elif w["placeable"]:
+                assert r["ok"] and (r["node"], r["leaf_cells"]) == (w["node"], w["leaf_cells"]), (w, r)
+            else:
+                assert not r["ok"] and r["waiting"], (w, r)
+                assert [v["group"] for v in r.get("victims", [])] == [v["group"] for v in w["victims"]], (w, r)
+            assert (copy.snapshot() != before) == w["changes_state"], (w, r)
+            continue
         log.append(cmd)
         run(m, cmd)
         if len(log) == cut:  # snapshot/restore at a random point decides like the original

@@ -10,7 +10,7 @@ import scheduler_state
 
 PACKAGE = pathlib.Path(scheduler_state.__file__).parent
 CORE = ["cells.py", "config.py", "invariants.py", "machine.py", "placement.py", "requests.py", "inspect.py",
-        "replicated.py", "__init__.py"]
+        "replicated.py", "health.py", "__init__.py"]
 ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "hashlib", "pathlib", "typing", "msgpack", "yaml",
            "scheduler_state"}
 

@@ -154,6 +154,11 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 # Rejected, or answered "waiting" without queueing (a failed attempt, maybe
                 # after trying and reverting lazy preemptions): nothing may have changed.
                 assert self.m.snapshot() == before, f"{cmd} -> {r} changed the state"
+            if cmd["op"] == "allocate" and r.get("ok"):
+                # placed first; a waiting group of higher priority retried by the same
+                # command may then preempt it (listed under ``scheduled``)
+                self._victims(r["preempted"])
+                self.allocated.add(r["group"])
             for s in r.get("scheduled", []):
                 self.pending.remove(s["group"])
                 if "dropped" not in s:
@@ -235,9 +240,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 for v in r["lazy_preempted"]:
                     vvc, vprio, vopp, vlazy = before[v]
                     assert vvc == vc and vprio < prio and vlazy and not vopp
-                    assert self.m.groups[v].opportunistic
-                self._victims(r["preempted"])
-                self.allocated.add(name)
+                    assert v not in self.m.groups or self.m.groups[v].opportunistic
             elif r.get("queued"):
                 self.pending.append(name)
 
@@ -250,6 +253,35 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
         def allocate_contended(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int,
                                lazy: bool, wait: bool) -> None:
             self.allocate_guaranteed(where, prio, pods, k, lazy, wait)
+
+        @rule(where=st.sampled_from(profile.contended + profile.targets),
+              prio=st.integers(-1, 3), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]))
+        def what_if(self, where: tuple[str, str | None, str | None], prio: int, pods: int, k: int) -> None:
+            """The read-only filter: nothing changes, and an allocate right after (on a
+            copy) does what it said: placed there, with exactly those victims, or not."""
+            vc, leaf_type, pinned = where
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio,
+                                     "affinityGroup": {"name": "what-if",
+                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            if pinned and prio >= 0:
+                group["pinnedCellId"] = pinned
+            before = self.m.snapshot()
+            w = self.m.query({"op": "what_if", "group": group})
+            assert self.m.snapshot() == before, f"what_if changed the state: {w}"
+            event(f"what_if: {'error' if not w['ok'] else 'placeable' if w['placeable'] else 'victims' if w['victims'] else 'waiting'}")
+            copy = SchedulerStateMachine(P.base)
+            copy.restore(before)
+            r = copy.apply({"op": "allocate", "group": group, "wait": False})
+            if not w["ok"]:
+                assert not r["ok"] and r.get("error") == w["error"], (w, r)
+                return
+            assert r["ok"] == (w["placeable"] or bool(w["victims"])), (w, r)
+            if r["ok"]:
+                assert r["preempted"] == [v["group"] for v in w["victims"]], (w, r)
+                assert [(x["node"], x["leaf_cells"]) for x in r["placement"]] == \
+                    [(x["node"], x["leaf_cells"]) for x in w["placement"]], (w, r)
 
         @rule(leaf_type=st.sampled_from(profile.leaf_types), pods=st.integers(1, 3), k=st.sampled_from([1, 2, 4, 8]),
               vc=st.sampled_from(profile.vcs), wait=st.booleans())
@@ -267,7 +299,6 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 assert r["ok"], r
             if r["ok"]:
                 assert r["preempted"] == [] and r["opportunistic"]
-                self.allocated.add(name)
             elif r.get("queued"):
                 self.pending.append(name)
 
@@ -296,8 +327,18 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
         @rule(node=st.sampled_from(profile.nodes), healthy=st.booleans())
         def set_node_health(self, node: str, healthy: bool) -> None:
             r = self.run({"op": "set_node_health", "node": node, "healthy": healthy})
+            if r.get("doomed_bad_cells"):
+                event("doomed bad cells present")
             # A variant config drops a node; naming it then is an error.
             assert r["ok"] or (node not in self.m.cluster.node_leaves and "not in the config" in r["error"]), r
+
+        # Several nodes going bad together make HiveD's doomed bad cells likely (a VC's
+        # free cells outnumber the healthy free cells); invariant 7 checks the rule.
+        @rule(nodes=st.lists(st.sampled_from(profile.nodes), min_size=2, max_size=8, unique=True),
+              healthy=st.booleans())
+        def node_health_burst(self, nodes: list[str], healthy: bool) -> None:
+            for node in nodes:
+                self.set_node_health(node, healthy)
 
         @rule(variant=st.integers(0, len(profile.variants) - 1))
         def reconfigure(self, variant: int) -> None:
