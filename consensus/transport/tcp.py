@@ -83,8 +83,8 @@ seen; the dialing side with ``create_connection(ssl=...)``. A handshake that fai
 (a certificate not signed by the cluster CA, no certificate, not TLS at all) and a
 hello whose node id is not the one in the peer's certificate (``OU=cellar-node,
 CN=node-<id>``) close that connection and count ``tls_refused``; each is logged at
-warning level with its reason, once per peer address and reason a minute (a refused
-peer that keeps redialing does not flood the log).
+warning level with its reason, once a minute per peer address and kind (handshake or
+identity; a refused peer that keeps redialing does not flood the log).
 
 Every wait is bounded (connect, handshake, close); every queue is bounded (send
 queue by bytes, pending connections by count). Works on the default loop or uvloop.
@@ -559,7 +559,7 @@ class PeerTransport:
 
     def _log_tls_refused(self, peername: Any, reason: str) -> None:
         host = peername[0] if isinstance(peername, tuple) else peername
-        key = (host, reason)
+        key = (host, "identity" if reason.startswith("hello claims") else "handshake")
         now = time.monotonic()
         last = self._tls_logged.get(key)
         if last is not None and now - last < 60.0:
@@ -567,8 +567,7 @@ class PeerTransport:
         if len(self._tls_logged) > 1024:  # bounded: forget the oldest
             self._tls_logged.pop(next(iter(self._tls_logged)))
         self._tls_logged[key] = now
-        log.warning("peer connection %s refused (tls_refused): %s (logged once a minute per address and reason)",
-                    peername, reason)
+        log.warning("peer connection %s refused (tls_refused): %s (logged once a minute per address)", peername, reason)
 
     def _deliver(self, conn: _PeerConnection, peer_id: int, msgs: list[Any]) -> None:
         if self.failed is not None:

@@ -304,4 +304,6 @@ def handshake_failure(e: BaseException) -> str:
         return f"certificate refused: {e.verify_message or e.reason}"
     if isinstance(e, ssl.SSLError):
         return f"TLS handshake failed: {e.reason or e}"
+    if isinstance(e, (ConnectionResetError, BrokenPipeError)):
+        return "the peer closed the connection during the TLS handshake (it does not trust our certificate, or does not speak TLS)"
     return f"TLS handshake failed: {type(e).__name__}: {e.strerror or e}" if isinstance(e, OSError) else str(e)
