@@ -544,12 +544,24 @@ def free_ports(count: int) -> list[int]:
               help="Peers on BASE+i, clients on BASE+100+i, HTTP on BASE+200+i.")
 @click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]), default="sdpaxos", show_default=True)
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
-def up(replicas, root, base_port, protocol, fsync) -> None:
+@click.option("--tls", "tls", is_flag=True, help="TLS everywhere, with a new CA and certificates in DIR/certs.")
+def up(replicas, root, base_port, protocol, fsync, tls) -> None:
     """Start a local cluster on 127.0.0.1 until Ctrl-C."""
     if replicas % 2 == 0:
         raise click.BadParameter(f"{replicas}: a cluster has an odd number of replicas (3, 5, 7, ...)", param_hint="--replicas")
     root = root or tempfile.mkdtemp(prefix="cellar-up-")
-    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync, http=True)
+    tls_dir = None
+    if tls:
+        from store.certs import CertError, init_certs
+
+        tls_dir = os.path.join(root, "certs")
+        try:
+            init_certs(tls_dir, replicas, force=True)
+        except CertError as e:
+            click.echo(f"cellar up: {e}", err=True)
+            sys.exit(2)
+    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync, http=True,
+                           tls_dir=tls_dir)
     cluster.start_all()
     try:
         cluster.wait_ready()
@@ -557,15 +569,21 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
         cluster.stop_all()
         click.echo(f"cellar up: {e}", err=True)
         sys.exit(2)
-    click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}); data and logs in {root}")
+    click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}{', TLS' if tls_dir else ''}); data and logs in {root}")
     for i in range(replicas):
         click.echo(f"  node {i}: pid {cluster.procs[i].pid}, clients 127.0.0.1:{cluster.client_ports[i]}, "
                    f"peers 127.0.0.1:{cluster.peer_ports[i]}, http 127.0.0.1:{cluster.http_ports[i]}")
     addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
     https = ",".join(f"127.0.0.1:{p}" for p in cluster.http_ports)
-    click.echo(f"Use it: cellar kv put k v --endpoints {addrs}; cellar kv watch k --endpoints {https}")
-    click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
-    click.echo(f"Look at it: cellar status --endpoints {addrs}")
+    t = f" --cacert {tls_dir}/ca.pem" if tls_dir else ""
+    click.echo(f"Use it: cellar kv put k v{t} --endpoints {addrs}; cellar kv watch k{t} --endpoints {https}")
+    if tls_dir:
+        click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}", tls="{tls_dir}/ca.pem")')
+        click.echo(f"Admin: cellar sequencer transfer --to 1{t} --cert {tls_dir}/admin.pem --key {tls_dir}/admin-key.pem "
+                   f"--endpoints {addrs}")
+    else:
+        click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
+    click.echo(f"Look at it: cellar status{t} --endpoints {addrs}")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
 
     def on_term(signum: int, frame: Any) -> None:
