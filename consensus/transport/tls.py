@@ -120,6 +120,11 @@ def client_context(ca: str, cert: str | None = None, key: str | None = None, *,
         raise TLSError("a client certificate needs both --cert and --key")
     ctx = _base(ssl.Purpose.SERVER_AUTH, ca, cert, key)
     ctx.check_hostname = check_hostname
+    if cert is not None:
+        # With TLS 1.3 the client's handshake is over before the server has checked the
+        # client certificate, so a refused one shows only as a silent close afterwards;
+        # TLS 1.2 checks it inside the handshake, which then fails with a clear error.
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     return ctx
 
 

@@ -138,6 +138,13 @@ async def test_tls_cluster(make_cluster, tmp_path):
         async with CellarClient(cluster.client_addresses, tls=rogue["ca"], deadline_s=20) as wrong:
             with pytest.raises(TLSError, match="certificate"):
                 await wrong.put("x", "y")
+        # ... and an admin certificate from another CA is refused by the replica.
+        t0 = time.monotonic()
+        async with CellarClient(cluster.client_addresses, tls=ca, tls_cert=rogue["admin"]["cert"],
+                                tls_key=rogue["admin"]["key"], deadline_s=20) as forged:
+            with pytest.raises(TLSError):
+                await forged.put("x", "y")
+        assert time.monotonic() - t0 < 5
 
         # 3. A 4th process with a certificate from another CA (a real `cellar serve`
         # claiming to be node 0) cannot connect: refused, logged, counted, cluster unaffected.
