@@ -328,6 +328,11 @@ class _PlainOnTLSPort(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.node.stats["client_tls_refused"] += 1
+        # Bounded: one that never finishes a frame is closed anyway (it is not a client).
+        self._timer = asyncio.get_running_loop().call_later(5.0, transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None

@@ -310,7 +310,7 @@ class PeerTransport:
         self._ssl_server = ssl_server
         self._ssl_client = ssl_client
         self._tls = ssl_server is not None
-        self._tls_logged: dict[tuple, float] = {}  # (address, reason) -> when last logged
+        self._tls_logged: dict[tuple, float] = {}  # (host, kind) -> when last logged
 
     # -- lifecycle --
 
