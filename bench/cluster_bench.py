@@ -51,7 +51,9 @@ async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float
             await asyncio.wait_for(cellar.session().put("warm", "up"), 20)
             if warmup:
                 await run_load(cellar, sessions=sessions, seconds=warmup, value_bytes=value_bytes, seed=7)
+            cpu0 = _replicas_cpu_s(cluster)
             res = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, seed=1)
+            cpu1 = _replicas_cpu_s(cluster)
             statuses = [await cellar.status(i) for i in range(replicas)]
         fsyncs = sum(s["wal"]["fsyncs"] for s in statuses)
         return {
@@ -62,10 +64,28 @@ async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float
             "errors": res.errors,
             "ops": res.ops,
             "fsyncs_per_s_per_node": round(fsyncs / replicas / (seconds + warmup + 1), 1),
+            # The replicas' CPU (all of them, user+system) per acknowledged write over the
+            # measured seconds: steadier than throughput on a shared machine.
+            "replica_cpu_us_per_write": (round((cpu1 - cpu0) / res.ops * 1e6, 1)
+                                         if cpu0 is not None and cpu1 is not None and res.ops else None),
         }
     finally:
         cluster.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _replicas_cpu_s(cluster: LocalCluster) -> float | None:
+    """CPU seconds (user+system) the replica processes used so far (Linux /proc), or None."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for proc in cluster.procs.values():
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float, rounds: int, value_bytes: int,
@@ -114,19 +134,30 @@ async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: fl
                                   value_bytes=value_bytes, fsync=fsync, tls_dir=certs if variant == "tls" else None)
                 m["variant"] = variant
                 progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
-                         f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  errors {m['errors']}")
+                         f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
+                         f"replica CPU {m['replica_cpu_us_per_write']} us/write  errors {m['errors']}")
                 runs[variant].append(m)
     finally:
         shutil.rmtree(certs, ignore_errors=True)
+    def cpu(ms: list[dict]) -> float | None:
+        xs = [m["replica_cpu_us_per_write"] for m in ms if m.get("replica_cpu_us_per_write") is not None]
+        return round(statistics.median(xs), 1) if xs else None
+
     summary = {v: {"writes_per_s": round(statistics.median(m["writes_per_s"] for m in ms), 1),
                    "p50_ms": round(statistics.median(m["p50_ms"] for m in ms), 2),
-                   "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2)} for v, ms in runs.items()}
+                   "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2),
+                   "replica_cpu_us_per_write": cpu(ms)} for v, ms in runs.items()}
+    cpu_ratios = [t["replica_cpu_us_per_write"] / p["replica_cpu_us_per_write"]
+                  for t, p in zip(runs["tls"], runs["plaintext"])
+                  if t.get("replica_cpu_us_per_write") and p.get("replica_cpu_us_per_write")]
     ratios = [t["writes_per_s"] / p["writes_per_s"] for t, p in zip(runs["tls"], runs["plaintext"]) if p["writes_per_s"]]
     return {
         "protocol": protocol, "replicas": replicas, "sessions": sessions, "seconds": seconds, "rounds": rounds,
         "value_bytes": value_bytes, "fsync": fsync, "runs": runs, "median": summary,
         "throughput_ratio_tls_over_plaintext": round(statistics.median(ratios), 3) if ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
+        "cpu_per_write_ratio_tls_over_plaintext": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
+        "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
     }
 
 
@@ -137,9 +168,11 @@ def _print_tls_summary(result: dict) -> None:
                f"{result['sessions']} sessions, {result['value_bytes']}-byte values, fsync={result['fsync']}")
     for v in TLS_VARIANTS:
         click.echo(f"  {v:10s} {med[v]['writes_per_s']:>9.0f} writes/s  p50 {med[v]['p50_ms']:6.2f} ms  "
-                   f"p99 {med[v]['p99_ms']:6.2f} ms")
+                   f"p99 {med[v]['p99_ms']:6.2f} ms  replica CPU {med[v]['replica_cpu_us_per_write']} us/write")
     click.echo(f"  TLS / plaintext throughput: {result['throughput_ratio_tls_over_plaintext']}x "
                f"(per round: {result['per_round_ratios']})")
+    click.echo(f"  TLS / plaintext replica CPU per write: {result['cpu_per_write_ratio_tls_over_plaintext']}x "
+               f"(per round: {result['per_round_cpu_ratios']})")
 
 
 def plot(result: dict, path: str) -> None:
