@@ -224,3 +224,47 @@ async def test_tls_cluster(make_cluster, tmp_path):
                             timeout=aiohttp.ClientTimeout(total=10)) as resp:
             assert resp.status == 200
     assert time.monotonic() - t_start < 120
+
+
+def test_bench_tls_reports_both_and_their_ratio():
+    p = cli("bench", "--tls", "--rounds", "1", "--seconds", "0.5", "--warmup", "0", "--sessions", "8", "--json",
+            timeout=120)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert set(result["median"]) == {"plaintext", "tls"}
+    assert all(result["median"][v]["writes_per_s"] > 0 for v in ("plaintext", "tls"))
+    assert result["throughput_ratio_tls_over_plaintext"] > 0
+
+
+def test_up_tls_serves_and_stops(tmp_path):
+    import random
+    import signal
+
+    base = random.Random().randrange(10000, 32000)
+    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--tls", "--dir", str(tmp_path),
+                             "--base-port", str(base)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=ENV)
+    try:
+        lines = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C" in line:
+                break
+        text = "".join(lines)
+        assert "TLS" in text and f"--cacert {tmp_path}/certs/ca.pem" in text, text
+        endpoints = ",".join(f"127.0.0.1:{base + 100 + i}" for i in range(3))
+        ca = f"{tmp_path}/certs/ca.pem"
+        put = cli("kv", "put", "k", "v", "--cacert", ca, "--endpoints", endpoints, "--timeout", "20")
+        assert put.returncode == 0, put.stderr
+        get = cli("kv", "get", "k", "--endpoints", endpoints)
+        assert get.returncode == 1 and "TLSRequired" in get.stderr, get.stderr
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
