@@ -398,7 +398,7 @@ class CellarClient:
         except ssl.SSLCertVerificationError as e:
             raise TLSError(f"TLS handshake with {host}:{port} failed: {e.verify_message or e.reason} "
                            "(is --cacert the cluster's CA?)") from None
-        except (ssl.SSLError, ConnectionResetError, TimeoutError) as e:
+        except (ssl.SSLError, ConnectionResetError) as e:  # a slow handshake (TimeoutError) is retried
             raise TLSError(f"TLS handshake with {host}:{port} failed: {getattr(e, 'reason', None) or type(e).__name__} "
                            "(does that port speak TLS?)") from None
         return conn
