@@ -12,7 +12,8 @@ stderr and exit status 1 (2 for a usage error); never a traceback.
 
 TLS (replicas started with ``--tls-ca/--tls-cert/--tls-key``): ``--cacert`` the
 cluster CA, and for admin commands (``sequencer transfer``) ``--cert``/``--key`` the
-admin client certificate (``cellar certs init`` writes ``admin.pem``); env
+admin client certificate (``cellar certs init`` writes ``admin.pem``; also
+``cellar snapshot save``); env
 ``CELLAR_CACERT``, ``CELLAR_CERT``, ``CELLAR_KEY``. Every command that takes
 ``--endpoints`` takes them (``tls_options``). Without the admin certificate a
 transfer is refused: ``PermissionDenied: ...``, exit status 1, nothing changed.

@@ -212,6 +212,13 @@ async def test_tls_cluster(make_cluster, tmp_path):
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["sequencer"] == target
         await cellar.session().put("after-transfer", "ok")
+        # Snapshot save is an admin command too; with the admin certificate it works over TLS.
+        snap = tmp_path / "backup.snap"
+        p = await acli("snapshot", "save", str(snap), "--endpoints", endpoints, "--cacert", ca)
+        assert p.returncode == 1 and "PermissionDenied" in p.stderr and not snap.exists(), p.stderr
+        p = await acli("snapshot", "save", str(snap), "--endpoints", endpoints, "--cacert", ca,
+                       "--cert", certs["admin"]["cert"], "--key", certs["admin"]["key"])
+        assert p.returncode == 0 and snap.stat().st_size > 0, p.stderr
 
     # 6. The HTTP API speaks HTTPS with the node certificate.
     import aiohttp
