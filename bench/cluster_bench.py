@@ -11,12 +11,19 @@ matters is the ratio, measured side by side. Nothing here asserts a time.
     cellar bench --sessions 1024 --seconds 10 --rounds 3 --json
     cellar bench --plot bench.png                  # throughput and latency bars (matplotlib)
     cellar bench --machine scheduler               # the replicated HiveD scheduler (bench/scheduler_bench.py)
+    cellar bench --tls                             # SDPaxos plaintext vs TLS, side by side, and their ratio
+
+With ``--tls`` the pair compared is not two protocols but one (``--protocol``,
+default sdpaxos) in plaintext and with TLS on every connection (peers mutually
+authenticated, clients over TLS; certificates from ``cellar certs init`` in a
+temporary folder), alternating order from round to round like the protocols.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -32,18 +39,21 @@ PROTOCOLS = ("sdpaxos", "multipaxos")
 
 
 async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float, warmup: float,
-                  value_bytes: int, fsync: str) -> dict:
+                  value_bytes: int, fsync: str, tls_dir: str | None = None) -> dict:
     root = tempfile.mkdtemp(prefix=f"cellar-bench-{protocol}-")
-    cluster = LocalCluster(root, replicas, protocol=protocol, fsync=fsync, cluster_id="bench")
+    cluster = LocalCluster(root, replicas, protocol=protocol, fsync=fsync, cluster_id="bench", tls_dir=tls_dir)
     cluster.start_all()
     try:
         await cluster.await_ready()
-        async with CellarClient(cluster.client_addresses, timeout_s=5.0) as cellar:
+        tls = {"tls": os.path.join(tls_dir, "ca.pem")} if tls_dir else {}
+        async with CellarClient(cluster.client_addresses, timeout_s=5.0, **tls) as cellar:
             # Wait until the cluster commits (peers connected, views settled).
             await asyncio.wait_for(cellar.session().put("warm", "up"), 20)
             if warmup:
                 await run_load(cellar, sessions=sessions, seconds=warmup, value_bytes=value_bytes, seed=7)
+            cpu0 = _replicas_cpu_s(cluster)
             res = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, seed=1)
+            cpu1 = _replicas_cpu_s(cluster)
             statuses = [await cellar.status(i) for i in range(replicas)]
         fsyncs = sum(s["wal"]["fsyncs"] for s in statuses)
         return {
@@ -54,10 +64,28 @@ async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float
             "errors": res.errors,
             "ops": res.ops,
             "fsyncs_per_s_per_node": round(fsyncs / replicas / (seconds + warmup + 1), 1),
+            # The replicas' CPU (all of them, user+system) per acknowledged write over the
+            # measured seconds: steadier than throughput on a shared machine.
+            "replica_cpu_us_per_write": (round((cpu1 - cpu0) / res.ops * 1e6, 1)
+                                         if cpu0 is not None and cpu1 is not None and res.ops else None),
         }
     finally:
         cluster.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _replicas_cpu_s(cluster: LocalCluster) -> float | None:
+    """CPU seconds (user+system) the replica processes used so far (Linux /proc), or None."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for proc in cluster.procs.values():
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float, rounds: int, value_bytes: int,
@@ -85,6 +113,66 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
         "throughput_ratio_sdpaxos_over_multipaxos": round(statistics.median(ratios), 3) if ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
     }
+
+
+TLS_VARIANTS = ("plaintext", "tls")
+
+
+async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
+                        value_bytes: int, fsync: str, progress=print) -> dict:
+    """The same load in plaintext and with TLS, alternating, and their ratio."""
+    from store.certs import init_certs
+
+    certs = tempfile.mkdtemp(prefix="cellar-bench-certs-")
+    try:
+        init_certs(certs, replicas)
+        runs: dict[str, list[dict]] = {v: [] for v in TLS_VARIANTS}
+        for r in range(rounds):
+            order = TLS_VARIANTS if r % 2 == 0 else TLS_VARIANTS[::-1]
+            for variant in order:
+                m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
+                                  value_bytes=value_bytes, fsync=fsync, tls_dir=certs if variant == "tls" else None)
+                m["variant"] = variant
+                progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
+                         f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
+                         f"replica CPU {m['replica_cpu_us_per_write']} us/write  errors {m['errors']}")
+                runs[variant].append(m)
+    finally:
+        shutil.rmtree(certs, ignore_errors=True)
+    def cpu(ms: list[dict]) -> float | None:
+        xs = [m["replica_cpu_us_per_write"] for m in ms if m.get("replica_cpu_us_per_write") is not None]
+        return round(statistics.median(xs), 1) if xs else None
+
+    summary = {v: {"writes_per_s": round(statistics.median(m["writes_per_s"] for m in ms), 1),
+                   "p50_ms": round(statistics.median(m["p50_ms"] for m in ms), 2),
+                   "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2),
+                   "replica_cpu_us_per_write": cpu(ms)} for v, ms in runs.items()}
+    cpu_ratios = [t["replica_cpu_us_per_write"] / p["replica_cpu_us_per_write"]
+                  for t, p in zip(runs["tls"], runs["plaintext"])
+                  if t.get("replica_cpu_us_per_write") and p.get("replica_cpu_us_per_write")]
+    ratios = [t["writes_per_s"] / p["writes_per_s"] for t, p in zip(runs["tls"], runs["plaintext"]) if p["writes_per_s"]]
+    return {
+        "protocol": protocol, "replicas": replicas, "sessions": sessions, "seconds": seconds, "rounds": rounds,
+        "value_bytes": value_bytes, "fsync": fsync, "runs": runs, "median": summary,
+        "throughput_ratio_tls_over_plaintext": round(statistics.median(ratios), 3) if ratios else None,
+        "per_round_ratios": [round(x, 3) for x in ratios],
+        "cpu_per_write_ratio_tls_over_plaintext": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
+        "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
+    }
+
+
+def _print_tls_summary(result: dict) -> None:
+    med = result["median"]
+    click.echo("")
+    click.echo(f"median of {result['rounds']} round(s), {result['protocol']}, {result['replicas']} replicas, "
+               f"{result['sessions']} sessions, {result['value_bytes']}-byte values, fsync={result['fsync']}")
+    for v in TLS_VARIANTS:
+        click.echo(f"  {v:10s} {med[v]['writes_per_s']:>9.0f} writes/s  p50 {med[v]['p50_ms']:6.2f} ms  "
+                   f"p99 {med[v]['p99_ms']:6.2f} ms  replica CPU {med[v]['replica_cpu_us_per_write']} us/write")
+    click.echo(f"  TLS / plaintext throughput: {result['throughput_ratio_tls_over_plaintext']}x "
+               f"(per round: {result['per_round_ratios']})")
+    click.echo(f"  TLS / plaintext replica CPU per write: {result['cpu_per_write_ratio_tls_over_plaintext']}x "
+               f"(per round: {result['per_round_cpu_ratios']})")
 
 
 def plot(result: dict, path: str) -> None:
@@ -146,12 +234,18 @@ def _print_summary(result: dict) -> None:
 @click.option("--quiet", is_flag=True, help="scheduler only: no progress lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the medians (kv).")
+@click.option("--tls", "tls", is_flag=True,
+              help="kv only: compare plaintext and TLS (same protocol, alternating rounds) instead of the protocols.")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), default="sdpaxos", show_default=True,
+              help="The protocol of --tls.")
 def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
-          seed, quiet, as_json, plot_path) -> None:
+          seed, quiet, as_json, plot_path, tls, protocol) -> None:
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
     if machine == "scheduler":
+        if tls:
+            raise click.BadParameter("--tls measures the kv machine (plaintext vs TLS)", param_hint="--tls")
         from bench import scheduler_bench
 
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -173,6 +267,13 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
+    if tls:
+        if plot_path:
+            raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
+        result = asyncio.run(run_tls_bench(protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync,
+                                           progress=say))
+        click.echo(json.dumps(result)) if as_json else _print_tls_summary(result)
+        return
     result = asyncio.run(run_bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress=say))
     if as_json:
         click.echo(json.dumps(result))

@@ -10,6 +10,14 @@ handover: it stops serving lease reads, ``ID`` takes the next view), then waits,
 bounded, until the endpoints agree on the new sequencer. An error is one line on
 stderr and exit status 1 (2 for a usage error); never a traceback.
 
+TLS (replicas started with ``--tls-ca/--tls-cert/--tls-key``): ``--cacert`` the
+cluster CA, and for admin commands (``sequencer transfer``) ``--cert``/``--key`` the
+admin client certificate (``cellar certs init`` writes ``admin.pem``; also
+``cellar snapshot save``); env
+``CELLAR_CACERT``, ``CELLAR_CERT``, ``CELLAR_KEY``. Every command that takes
+``--endpoints`` takes them (``tls_options``). Without the admin certificate a
+transfer is refused: ``PermissionDenied: ...``, exit status 1, nothing changed.
+
     cellar status --endpoints 127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102
     cellar sequencer transfer --to 2 --endpoints 127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102
 """
@@ -43,7 +51,51 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
         raise click.BadParameter(f"{e} (expected HOST:PORT,...)", param_hint="--endpoints") from None
 
 
+def _remember_tls(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"cellar_tls_{param.name}"] = value
+    return value
+
+
+def tls_options(f: Callable) -> Callable:
+    """``--cacert``, ``--cert``, ``--key`` (env CELLAR_CACERT, CELLAR_CERT, CELLAR_KEY),
+    kept in the click context for ``client_tls()``; the command's signature is unchanged."""
+    for name, env, text in (("--key", "CELLAR_KEY", "TLS: the client certificate's private key."),
+                            ("--cert", "CELLAR_CERT", "TLS: a client certificate (the admin one for admin commands)."),
+                            ("--cacert", "CELLAR_CACERT", "TLS: the cluster CA certificate; turns TLS on.")):
+        f = click.option(name, "tls_" + name[2:], envvar=env, type=click.Path(dir_okay=False), expose_value=False,
+                         callback=_remember_tls, help=text)(f)
+    return f
+
+
+def client_tls() -> dict:
+    """``CellarClient`` keyword arguments for the command's ``--cacert/--cert/--key``."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    ca, cert, key = meta.get("cellar_tls_tls_cacert"), meta.get("cellar_tls_tls_cert"), meta.get("cellar_tls_tls_key")
+    if (cert is None) != (key is None):
+        raise click.BadParameter("a client certificate needs both --cert and --key", param_hint="--cert/--key")
+    if ca is None:
+        if cert is not None:
+            raise click.BadParameter("--cert/--key need --cacert (TLS)", param_hint="--cacert")
+        return {}
+    return {"tls": ca, "tls_cert": cert, "tls_key": key}
+
+
+def client_ssl_context() -> Any:
+    """An ``ssl.SSLContext`` for ``--cacert/--cert/--key`` (HTTP clients), or None."""
+    kw = client_tls()
+    if not kw:
+        return None
+    from consensus.transport import tls
+
+    try:
+        return tls.client_context(kw["tls"], kw["tls_cert"], kw["tls_key"])
+    except tls.TLSError as e:
+        raise click.BadParameter(str(e), param_hint="--cacert") from None
+
+
 def _options(f: Callable) -> Callable:
+    f = tls_options(f)
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=3.0, show_default=True,
                      help="Seconds to wait for one replica's answer.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(f)
@@ -78,7 +130,7 @@ def _run(prog: str) -> Callable:
 async def _statuses(addresses: list[tuple[str, int]], timeout_s: float) -> list[dict]:
     from store.client import CellarClient
 
-    async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s) as cellar:
+    async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s, **client_tls()) as cellar:
 
         async def one(i: int) -> dict:
             host, port = addresses[i]
@@ -171,7 +223,7 @@ async def transfer(target: int, wait_s: float, endpoints: str, as_json: bool, ti
         if current not in by_id:
             raise CLIError(f"the sequencer (replica {current}) is not among --endpoints")
         t0 = time.monotonic()
-        async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s) as cellar:
+        async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s, **client_tls()) as cellar:
             answer = await cellar.call_once(by_id[current], clientwire.ADMIN, f"admin-{time.time_ns()}", 1,
                                             ["transfer_sequencer", target])
             if not answer.get("ok"):

@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "snapshot": ("store.snapshot_cli:snapshot", "A replica's state to a file (save); a new cluster from it (restore)."),
     "kv": ("store.kv_cli:kv", "Keys and values: kv put|get|del|txn (client ports), kv watch (HTTP ports)."),
     "lease": ("store.kv_cli:lease", "Leases on keys: lease grant|keepalive|revoke|timetolive|list."),
+    "certs": ("store.certs:certs", "TLS certificates: certs init DIR --nodes N (a local CA, node, admin, client)."),
 }
 
 

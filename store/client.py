@@ -13,6 +13,17 @@ Addresses: ``"host:port"``, a comma-separated string of them (what ``cellar up``
 prints), or a list of ``"host:port"`` strings or ``(host, port)`` pairs; IPv6 as
 ``"[::1]:7100"``. A bad address raises ``ValueError`` naming it.
 
+TLS (nodes started with ``--tls-ca/--tls-cert/--tls-key``): ``tls=`` the cluster CA
+file (or an ``ssl.SSLContext``); ``tls_cert=``/``tls_key=`` a client certificate, the
+admin one for ADMIN requests::
+
+    CellarClient(addrs, tls="certs/ca.pem")                                   # plain operations
+    CellarClient(addrs, tls="certs/ca.pem", tls_cert="certs/admin.pem", tls_key="certs/admin-key.pem")
+
+A TLS handshake that fails (wrong CA, not TLS on that port) raises ``TLSError``; a
+client without TLS on a TLS port gets ``TLSRequired``; an ADMIN request without the
+admin certificate ``PermissionDenied``. None of them is retried.
+
 Errors are typed (all ``CellarError``): ``Unavailable`` (no node answered within
 the deadline; a write may or may not have been applied), ``InvalidRequest``,
 ``TooLarge``, ``Compacted`` (carries ``compact_revision``), ``LeaseNotFound``, and
@@ -35,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -74,6 +87,19 @@ class Compacted(CellarError):
 
 class LeaseNotFound(CellarError):
     """The lease does not exist or has expired."""
+
+
+class PermissionDenied(CellarError):
+    """TLS on: an admin request without the admin client certificate; nothing changed."""
+
+
+class TLSError(CellarError):
+    """The TLS handshake with a node failed (its certificate is not signed by the CA
+    given, the port does not speak TLS, ...) or the node's port needs TLS (``TLSRequired``)."""
+
+
+class TLSRequired(TLSError):
+    """A client without TLS reached a node whose client port speaks TLS."""
 
 
 class CompareFailed(CellarError):
@@ -157,7 +183,10 @@ class _NodeConn(asyncio.Protocol):
             self._sweep.cancel()
             self._sweep = None
         self._deadlines.clear()
-        err = ConnectionError("connection to the node was lost")
+        err: Exception = ConnectionError("connection to the node was lost")
+        if isinstance(exc, ssl.SSLError):  # e.g. TLS 1.3: the node refused our certificate after the handshake
+            err = TLSError(f"the node closed the TLS connection: {exc.reason or exc} (is the client certificate "
+                           "signed by the cluster CA?)")
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -261,6 +290,10 @@ def _error(result: Any) -> CellarError:
     text = str(result)
     if text.startswith(clientwire.TOO_LARGE):
         return TooLarge(text)
+    if text.startswith(clientwire.PERMISSION_DENIED):
+        return PermissionDenied(text)
+    if text.startswith("TLSRequired"):
+        return TLSRequired(text)
     return CellarError(text)
 
 
@@ -272,8 +305,24 @@ class CellarClient:
         timeout_s: float = 2.0,
         deadline_s: float = 30.0,
         connect_timeout_s: float = 1.0,
+        tls: Any = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         self.addresses = parse_addresses(addresses)
+        self._ssl: Any = None
+        if tls is not None:
+            if isinstance(tls, ssl.SSLContext):
+                self._ssl = tls
+            else:
+                from consensus.transport import tls as tlsmod
+
+                try:
+                    self._ssl = tlsmod.client_context(str(tls), tls_cert, tls_key)
+                except tlsmod.TLSError as e:
+                    raise ValueError(str(e)) from None
+        elif tls_cert is not None or tls_key is not None:
+            raise ValueError("tls_cert/tls_key need tls= (the cluster CA)")
         for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s), ("connect_timeout_s", connect_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, not {value!r}")
@@ -321,9 +370,37 @@ class CellarClient:
 
     async def _connect(self, node: int) -> _NodeConn:
         host, port = self.addresses[node]
-        async with asyncio.timeout(self.connect_timeout_s):
-            _, conn = await asyncio.get_running_loop().create_connection(_NodeConn, host, port)
+        if self._ssl is not None:
+            conn = await self._connect_tls(host, port)
+        else:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await asyncio.get_running_loop().create_connection(_NodeConn, host, port)
         self._conns[node] = conn
+        return conn
+
+    async def _connect_tls(self, host: str, port: int) -> _NodeConn:
+        loop = asyncio.get_running_loop()
+        sock = None
+        async with asyncio.timeout(self.connect_timeout_s):
+            # Connect first: a refused or unreachable node stays a retryable OSError; a
+            # failure of the handshake itself is TLSError, not retried.
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, (host, port))
+            except BaseException:
+                sock.close()
+                raise
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(_NodeConn, sock=sock, ssl=self._ssl, server_hostname=host,
+                                                       ssl_handshake_timeout=self.connect_timeout_s)
+        except ssl.SSLCertVerificationError as e:
+            raise TLSError(f"TLS handshake with {host}:{port} failed: {e.verify_message or e.reason} "
+                           "(is --cacert the cluster's CA?)") from None
+        except (ssl.SSLError, ConnectionResetError) as e:  # a slow handshake (TimeoutError) is retried
+            raise TLSError(f"TLS handshake with {host}:{port} failed: {getattr(e, 'reason', None) or type(e).__name__} "
+                           "(does that port speak TLS?)") from None
         return conn
 
     async def call_once(self, node: int, kind: int, client: Any, seq: int, op: Any) -> Any:

@@ -118,10 +118,10 @@ class SchedulerAPI:
         self._runner: web.AppRunner | None = None
         self._json_cache: dict[int, tuple[Any, bytes]] = {}
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl_context: Any = None) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()  # HTTPS with TLS on
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import click
 
-from store.admin_cli import DEFAULT_ENDPOINTS, parse_endpoints
+from store.admin_cli import DEFAULT_ENDPOINTS, client_ssl_context, client_tls, parse_endpoints, tls_options
 
 
 class CLIError(Exception):
@@ -52,6 +52,7 @@ class CLIError(Exception):
 
 
 def _options(f: Callable) -> Callable:
+    f = tls_options(f)
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
                      help="Seconds to wait for an answer (trying each replica in turn).")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
@@ -98,7 +99,7 @@ async def _request(endpoints: str, timeout_s: float, kind_name: str, op: dict) -
     addresses = parse_endpoints(endpoints)
     kind = {"call": clientwire.CALL, "read": clientwire.READ}[kind_name]
     async with CellarClient(addresses, timeout_s=min(2.0, timeout_s), deadline_s=timeout_s,
-                            connect_timeout_s=min(1.0, timeout_s)) as cellar:
+                            connect_timeout_s=min(1.0, timeout_s), **client_tls()) as cellar:
         session = cellar.session()
         try:
             result = await asyncio.wait_for(session.request(kind, op), timeout_s + 1.0)
@@ -343,6 +344,7 @@ class _Watch:
         self.start = create.get("start_revision", 0)  # the next revision wanted (0: from now)
         self.seen = 0  # the last revision every event of which was printed
         self.created = False  # the current stream got its watch created
+        self.ssl = client_ssl_context()  # --cacert: HTTPS
 
     async def run(self) -> int:
         import aiohttp
@@ -356,7 +358,7 @@ class _Watch:
                 host, port = self.endpoints[i % len(self.endpoints)]
                 self.created = False
                 try:
-                    if await self._stream(session, f"http://{host}:{port}/v3/watch?encoding=text"):
+                    if await self._stream(session, f"{'https' if self.ssl else 'http'}://{host}:{port}/v3/watch?encoding=text"):
                         return 0
                 except BrokenPipeError:
                     raise  # our reader is gone (| head), not the replica
@@ -377,7 +379,7 @@ class _Watch:
         create = dict(self.create)
         if self.seen or self.start:
             create["start_revision"] = max(self.seen + 1, self.start)
-        async with session.post(url, json={"create_request": create}) as resp:
+        async with session.post(url, json={"create_request": create}, ssl=self.ssl or True) as resp:
             if resp.status != 200:
                 try:
                     err = await resp.json(content_type=None)
@@ -444,6 +446,7 @@ class _Watch:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), default=None,
               help="Stop watching after S seconds (exit status 0).  [default: never]")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
+@tls_options
 @click.option("--endpoints", envvar="CELLAR_HTTP_ENDPOINTS", default=DEFAULT_HTTP_ENDPOINTS, show_default=True,
               metavar="HOST:PORT,...",
               help="Replicas' HTTP addresses (cellar serve --http), not their client ports "

@@ -501,11 +501,11 @@ class KVAPI:
         self._writing: dict[int, tuple] = {}  # watch writes in progress: id(resp) -> (since, watcher, request)
         self._stalled: set[int] = set()
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl_context: Any = None) -> None:
         self._watchdog_task = asyncio.ensure_future(self._watchdog())
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)  # streams end at hub.close
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()  # HTTPS with TLS on
 
     async def stop(self) -> None:
         self.hub.close("this replica is stopping; watch again on another replica")

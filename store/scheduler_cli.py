@@ -36,6 +36,9 @@ class CLIError(Exception):
 
 
 def _options(f: Callable) -> Callable:
+    from store.admin_cli import tls_options
+
+    f = tls_options(f)  # --cacert/--cert/--key: HTTPS to replicas with TLS on
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
                      help="Seconds to wait for one replica's answer.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")(f)
@@ -82,9 +85,15 @@ def _print_json(body: Any) -> None:
 async def _call(endpoints: str, timeout_s: float, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     from store.scheduler_client import SchedulerHTTP
 
-    async with SchedulerHTTP(endpoints, timeout_s) as http:
+    async with SchedulerHTTP(endpoints, timeout_s, ssl=_ssl()) as http:
         status, answer, _ = await http.request(method, path, body)
     return status, answer
+
+
+def _ssl() -> Any:
+    from store.admin_cli import client_ssl_context
+
+    return client_ssl_context()
 
 
 def _fail_unless(status: int, body: Any, ok: tuple[int, ...] = (200,)) -> None:
@@ -110,7 +119,7 @@ async def status(endpoints: str, as_json: bool, timeout_s: float, invariants: bo
     from store.scheduler_client import SchedulerHTTP, short_error
 
     rows: list[dict[str, Any]] = []
-    async with SchedulerHTTP(endpoints, timeout_s) as http:
+    async with SchedulerHTTP(endpoints, timeout_s, ssl=_ssl()) as http:
         async def one(endpoint: str) -> dict[str, Any]:
             try:
                 code, body = await http.one(endpoint, "GET", "/v1/status" + ("?invariants=1" if invariants else ""))

@@ -40,8 +40,8 @@ class Indefinite(SchedulerClientError):
     """A write was sent and no answer came: it may or may not have taken effect."""
 
 
-def parse_endpoints(text: str | list[str]) -> list[str]:
-    """``host:port,host:port`` (or a list) -> base URLs ``http://host:port``."""
+def parse_endpoints(text: str | list[str], scheme: str = "http") -> list[str]:
+    """``host:port,host:port`` (or a list) -> base URLs ``http://host:port`` (``scheme``)."""
     items = text if isinstance(text, list) else [t for t in str(text).split(",")]
     out = []
     for raw in items:
@@ -52,7 +52,7 @@ def parse_endpoints(text: str | list[str]) -> list[str]:
             host, sep, port = e.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise SchedulerClientError(f"endpoint {e!r} must be HOST:PORT")
-            e = "http://" + e
+            e = f"{scheme}://" + e
         out.append(e.rstrip("/"))
     if not out:
         raise SchedulerClientError("no endpoint given (--endpoints HOST:PORT,...)")
@@ -60,14 +60,17 @@ def parse_endpoints(text: str | list[str]) -> list[str]:
 
 
 class SchedulerHTTP:
-    def __init__(self, endpoints: str | list[str], timeout_s: float = 10.0) -> None:
-        self.endpoints = parse_endpoints(endpoints)
+    def __init__(self, endpoints: str | list[str], timeout_s: float = 10.0, ssl: Any = None) -> None:
+        # ssl: an ssl.SSLContext trusting the cluster CA (replicas with TLS on): HTTPS.
+        self.ssl = ssl
+        self.endpoints = parse_endpoints(endpoints, "https" if ssl is not None else "http")
         self.timeout_s = timeout_s
         self._current = 0
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> SchedulerHTTP:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        connector = aiohttp.TCPConnector(ssl=self.ssl) if self.ssl is not None else None
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=connector)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -15,10 +15,21 @@
     machine = "scheduler"     # or "kv" (the default)
     hived_config = "examples/hived-small.yaml"   # the scheduler's HiveD config
     http = "127.0.0.1:7200"   # the HTTP API (store/kv_http.py; the scheduler's: store/http_api.py)
+    tls_ca = "certs/ca.pem"   # TLS on peer, client and HTTP ports (all three or none;
+    tls_cert = "certs/node0.pem"      # cellar certs init makes them; relative to this file)
+    tls_key = "certs/node0-key.pem"
     [peers]
     0 = "127.0.0.1:7000"
     1 = "127.0.0.1:7001"
     2 = "127.0.0.1:7002"
+
+TLS (``consensus.transport.tls``, docs/operations.md "TLS") is off by default: then
+nothing is authenticated, which is meant for loopback only. With ``tls_ca``, ``tls_cert``
+and ``tls_key`` (flags ``--tls-ca --tls-cert --tls-key``) replicas authenticate each
+other by certificate (the node id in it must be the one claimed), clients and HTTP
+get TLS, and admin requests need the admin client certificate. Each file is checked
+at startup (missing, unreadable key, key not the certificate's, certificate not
+signed by the CA or not this replica's), one line and exit status 2.
 
 Flags override the file. Every configuration error is one line on stderr and exit
 status 2. So is a scheduler replica whose HiveD config differs from the one the
@@ -117,7 +128,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
-             "snapshot_fork"}
+             "snapshot_fork", "tls_ca", "tls_cert", "tls_key"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -162,6 +173,12 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
         cfg.extra["hived_config"] = path
     elif cfg.machine == "scheduler":
         raise NodeError("the scheduler machine needs --hived-config FILE (or hived_config in the config file)")
+    for key in ("tls_ca", "tls_cert", "tls_key"):
+        if raw.get(key) is not None:
+            path = str(raw[key])
+            if config_file and not os.path.isabs(path) and key not in overrides_given(overrides):
+                path = os.path.join(os.path.dirname(os.path.abspath(config_file)), path)
+            setattr(cfg, key, path)
     if raw.get("http") is not None:  # the machine's HTTP API: store/http_api.py or store/kv_http.py
         cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
     cfg.validate()
@@ -239,6 +256,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     tune_gc()
     await node.start()
     service = api = leases = None
+    https = node.client_ssl_context() if cfg.tls else None  # the HTTP API's, with TLS on
     if cfg.machine == "kv":
         from store.kv_service import KVLeaseService
 
@@ -250,7 +268,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             api = KVAPI(node)
             host, port = cfg.extra["http"]
             try:
-                await api.start(host, port)
+                await api.start(host, port, ssl_context=https)
             except OSError as e:
                 await leases.stop()
                 await node.stop()
@@ -266,7 +284,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             api = SchedulerAPI(service)
             host, port = cfg.extra["http"]
             try:
-                await api.start(host, port)
+                await api.start(host, port, ssl_context=https)
             except OSError as e:
                 await service.stop()
                 await node.stop()
@@ -341,12 +359,15 @@ def install_loop() -> None:
 @click.option("--machine", type=click.Choice(["kv", "scheduler"]), help="The replicated machine (default kv).")
 @click.option("--hived-config", type=click.Path(dir_okay=False), help="The scheduler's HiveD config file.")
 @click.option("--http", "http", help="Serve the machine's HTTP API on HOST:PORT (KV: store/kv_http.py).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), help="TLS: the cluster CA certificate (PEM).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="TLS: this replica's certificate (cellar certs init).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="TLS: this replica's private key.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--exit-with-parent", "parent_pid", type=int, hidden=True,
               help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, ready_file, parent_pid, log_level) -> None:
+          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, ready_file, parent_pid, log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
         exit_with_parent(parent_pid)
@@ -357,6 +378,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "id": node_id, "listen": listen, "client": client, "peers": peers, "data_dir": data_dir,
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
+            "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key,
         })
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))
@@ -377,8 +399,10 @@ class LocalCluster:
 
     def __init__(self, root: str, replicas: int = 3, *, base_port: int | None = None, protocol: str = "sdpaxos",
                  fsync: str = "batch", cluster_id: str = "local", extra_args: list[str] | None = None,
-                 log_level: str = "warning", http: bool = False) -> None:
+                 log_level: str = "warning", http: bool = False, tls_dir: str | None = None) -> None:
         self.root = root
+        # TLS: a folder made by ``cellar certs init`` (ca.pem, node<i>.pem, node<i>-key.pem).
+        self.tls_dir = tls_dir
         self.n = replicas
         self.protocol = protocol
         self.fsync = fsync
@@ -409,8 +433,15 @@ class LocalCluster:
                 "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
                 "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
                 "--ready-file", self._ready_file(i), "--exit-with-parent", str(os.getpid()),
-                "--log-level", self.log_level, *self.extra_args,
+                "--log-level", self.log_level, *self.tls_args(i), *self.extra_args,
                 *(["--http", f"127.0.0.1:{self.http_ports[i]}"] if self.http_ports else [])]
+
+    def tls_args(self, i: int) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        return ["--tls-ca", os.path.join(d, "ca.pem"), "--tls-cert", os.path.join(d, f"node{i}.pem"),
+                "--tls-key", os.path.join(d, f"node{i}-key.pem")]
 
     def _ready_file(self, i: int) -> str:
         return os.path.join(self.root, f"node{i}.ready")
@@ -513,12 +544,24 @@ def free_ports(count: int) -> list[int]:
               help="Peers on BASE+i, clients on BASE+100+i, HTTP on BASE+200+i.")
 @click.option("--protocol", type=click.Choice(["sdpaxos", "multipaxos"]), default="sdpaxos", show_default=True)
 @click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True)
-def up(replicas, root, base_port, protocol, fsync) -> None:
+@click.option("--tls", "tls", is_flag=True, help="TLS everywhere, with a new CA and certificates in DIR/certs.")
+def up(replicas, root, base_port, protocol, fsync, tls) -> None:
     """Start a local cluster on 127.0.0.1 until Ctrl-C."""
     if replicas % 2 == 0:
         raise click.BadParameter(f"{replicas}: a cluster has an odd number of replicas (3, 5, 7, ...)", param_hint="--replicas")
     root = root or tempfile.mkdtemp(prefix="cellar-up-")
-    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync, http=True)
+    tls_dir = None
+    if tls:
+        from store.certs import CertError, init_certs
+
+        tls_dir = os.path.join(root, "certs")
+        try:
+            init_certs(tls_dir, replicas, force=True)
+        except CertError as e:
+            click.echo(f"cellar up: {e}", err=True)
+            sys.exit(2)
+    cluster = LocalCluster(root, replicas, base_port=base_port, protocol=protocol, fsync=fsync, http=True,
+                           tls_dir=tls_dir)
     cluster.start_all()
     try:
         cluster.wait_ready()
@@ -526,15 +569,21 @@ def up(replicas, root, base_port, protocol, fsync) -> None:
         cluster.stop_all()
         click.echo(f"cellar up: {e}", err=True)
         sys.exit(2)
-    click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}); data and logs in {root}")
+    click.echo(f"Cellar cluster of {replicas} ({protocol}, fsync={fsync}{', TLS' if tls_dir else ''}); data and logs in {root}")
     for i in range(replicas):
         click.echo(f"  node {i}: pid {cluster.procs[i].pid}, clients 127.0.0.1:{cluster.client_ports[i]}, "
                    f"peers 127.0.0.1:{cluster.peer_ports[i]}, http 127.0.0.1:{cluster.http_ports[i]}")
     addrs = ",".join(f"127.0.0.1:{p}" for p in cluster.client_ports)
     https = ",".join(f"127.0.0.1:{p}" for p in cluster.http_ports)
-    click.echo(f"Use it: cellar kv put k v --endpoints {addrs}; cellar kv watch k --endpoints {https}")
-    click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
-    click.echo(f"Look at it: cellar status --endpoints {addrs}")
+    t = f" --cacert {tls_dir}/ca.pem" if tls_dir else ""
+    click.echo(f"Use it: cellar kv put k v{t} --endpoints {addrs}; cellar kv watch k{t} --endpoints {https}")
+    if tls_dir:
+        click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}", tls="{tls_dir}/ca.pem")')
+        click.echo(f"Admin: cellar sequencer transfer --to 1{t} --cert {tls_dir}/admin.pem --key {tls_dir}/admin-key.pem "
+                   f"--endpoints {addrs}")
+    else:
+        click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
+    click.echo(f"Look at it: cellar status{t} --endpoints {addrs}")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
 
     def on_term(signum: int, frame: Any) -> None:

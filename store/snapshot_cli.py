@@ -26,7 +26,7 @@ import time
 
 import click
 
-from store.admin_cli import CLIError, _options, _run, parse_endpoints
+from store.admin_cli import CLIError, _options, _run, client_tls, parse_endpoints
 
 CHUNK_ATTEMPTS = 3
 
@@ -61,7 +61,7 @@ async def save(file: str, node: int | None, latest: bool, wait_s: float, endpoin
         seq[0] += 1
         return await cellar.call_once(i, clientwire.ADMIN, f"snapshot-{os.getpid()}-{t0}", seq[0], op)
 
-    async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s) as cellar:
+    async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s, **client_tls()) as cellar:
         candidates = [node] if node is not None else list(range(len(addresses)))
         info, chosen, errors = None, None, []
         for i in candidates:

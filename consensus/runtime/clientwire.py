@@ -32,6 +32,9 @@ WRITE, CALL, READ, STATUS, ADMIN = 0, 1, 2, 3, 4
 # C-accept always fits: the core batches by bytes too (ProtocolConfig.batch_bytes_max).
 MAX_COMMAND_BYTES = 1 << 20
 TOO_LARGE = "TooLarge"
+# With TLS on, an ADMIN request from a client without the admin certificate is
+# answered ERROR "PermissionDenied: ..." and changes nothing.
+PERMISSION_DENIED = "PermissionDenied"
 KINDS = (WRITE, CALL, READ, STATUS, ADMIN)
 OK, ERROR = 0, 1
 

@@ -53,6 +53,7 @@ from consensus.machines import MACHINES, machine_factory, stamper, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
+from consensus.transport import tls
 from consensus.core.replica import ReplicaBase
 from consensus.storage.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot,
                             load_latest, place_snapshot, write_file_synced, write_snapshot)
@@ -151,7 +152,15 @@ class NodeConfig:
     clients_max: int = 4096
     client_idle_s: float = 300.0
     client_frame_s: float = 30.0
+    # TLS (consensus.transport.tls): all three, or none (plaintext, no authentication).
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca is not None
 
     def protocol_config(self) -> ProtocolConfig:
         def ticks(ms: float) -> int:
@@ -202,6 +211,15 @@ class NodeConfig:
             raise NodeError(f"initial sequencer {self.initial_sequencer} is not a replica")
         if self.machine not in MACHINES:
             raise NodeError(f"unknown machine {self.machine!r} ({', '.join(MACHINES)})")
+        given = [name for name in ("tls_ca", "tls_cert", "tls_key") if getattr(self, name) is not None]
+        if given and len(given) != 3:
+            missing = sorted({"tls_ca", "tls_cert", "tls_key"} - set(given))
+            raise NodeError(f"TLS needs tls_ca, tls_cert and tls_key together: {', '.join(missing)} missing")
+        if given:
+            try:
+                tls.check_files(self.tls_ca, self.tls_cert, self.tls_key, self.node_id)
+            except tls.TLSError as e:
+                raise NodeError(str(e)) from None
 
 
 def _exit_code(pid: int) -> int:
@@ -229,10 +247,13 @@ class _ClientConn(asyncio.Protocol):
         self.closed = False
         self.last_rx = time.monotonic()  # when bytes last arrived
         self.partial_since = 0.0  # when the unfinished frame in the decoder began (0: none)
+        self.admin = False  # TLS: the client presented the admin certificate
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         node = self.node
+        if node.cfg.tls:
+            self.admin = tls.is_admin(tls.peercert_of(transport))
         if len(node._clients) >= node.cfg.clients_max:
             node.stats["clients_refused"] += 1
             log.warning("client connection refused: %d connections already (clients_max)", len(node._clients))
@@ -289,6 +310,41 @@ class _ClientConn(asyncio.Protocol):
         self.flush()
         self.closed = True
         if self.transport is not None:
+            self.transport.close()
+
+
+class _PlainOnTLSPort(asyncio.Protocol):
+    """A plaintext client on a TLS client port: each request it sent is answered
+    ``ERROR "TLSRequired: ..."`` in plaintext, then the connection is closed (a clear
+    error rather than a silent close the client would retry until its deadline)."""
+
+    MESSAGE = "TLSRequired: this node's client port speaks TLS (give the cluster CA: --cacert FILE, or tls= in CellarClient)"
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.node.stats["client_tls_refused"] += 1
+        # Bounded: one that never finishes a frame is closed anyway (it is not a client).
+        self._timer = asyncio.get_running_loop().call_later(5.0, transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+            replies = [[req[1], req[2], clientwire.ERROR, self.MESSAGE]
+                       for frame in frames for req in clientwire.parse_requests(frame)]
+        except (ProtocolError, clientwire.BadRequest):
+            self.transport.abort()
+            return
+        if replies:
+            self.transport.write(encode_frame(replies))
             self.transport.close()
 
 
@@ -350,6 +406,8 @@ class Node:
             "snapshots_installed": 0, "snapshots_served": 0, "refused_busy": 0,
             "refused_too_large": 0, "refused_invalid": 0, "peer_envelopes_split": 0, "peer_messages_oversized": 0,
         }
+        if cfg.tls:
+            self.stats.update({"admin_refused": 0, "client_tls_refused": 0})
         self.replica: Any = None
         self.wal: WAL | None = None
         self.committer: GroupCommitter | None = None
@@ -467,7 +525,12 @@ class Node:
         self.committer = GroupCommitter(self.wal)
         # Frames that waited longer than two election timeouts for a connection have been
         # superseded by retransmissions: not replayed (tcp module docstring).
-        self.transport = PeerTransport(cfg.cluster_id, cfg.node_id, cfg.peers, self._on_peer_frames,
+        ssl_peers: dict[str, Any] = {}
+        if cfg.tls:
+            assert cfg.tls_ca and cfg.tls_cert and cfg.tls_key
+            ssl_peers = {"ssl_server": tls.peer_server_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key),
+                         "ssl_client": tls.peer_client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)}
+        self.transport = PeerTransport(cfg.cluster_id, cfg.node_id, cfg.peers, self._on_peer_frames, **ssl_peers,
                                        rng=random.Random(cfg.node_id * 7919 + time.time_ns()),
                                        queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000),
                                        keepalive_s=cfg.heartbeat_ms / 1000,
@@ -481,7 +544,12 @@ class Node:
             raise NodeError(f"cannot listen for peers on {host}:{port}: {e.strerror or e}") from None
         chost, cport = cfg.client_address
         try:
-            self._client_server = await loop.create_server(lambda: _ClientConn(self), chost, cport)
+            if cfg.tls:
+                listener = tls.TLSListener(self.client_ssl_context(), lambda: _ClientConn(self), self._client_tls_refused,
+                                           plain_factory=lambda: _PlainOnTLSPort(self), pending_max=256)
+                self._client_server = await listener.start(chost, cport)  # type: ignore[assignment]
+            else:
+                self._client_server = await loop.create_server(lambda: _ClientConn(self), chost, cport)
         except OSError as e:
             await self.transport.close()
             await self._close_storage()
@@ -490,7 +558,18 @@ class Node:
         self._timer_due = self._t0 + cfg.tick_ms / 1000
         self._tick_handle = loop.call_later(cfg.tick_ms / 1000, self._on_timer)
         self._kick()
-        log.info("node %d (%s) peers on %s:%d, clients on %s:%d", cfg.node_id, cfg.protocol, host, port, chost, cport)
+        log.info("node %d (%s) peers on %s:%d, clients on %s:%d%s", cfg.node_id, cfg.protocol, host, port, chost, cport,
+                 " (TLS)" if cfg.tls else "")
+
+    def client_ssl_context(self) -> Any:
+        """The server context of the client port and the HTTP API (TLS on only)."""
+        cfg = self.cfg
+        assert cfg.tls_ca and cfg.tls_cert and cfg.tls_key
+        return tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+
+    def _client_tls_refused(self, peername: Any, reason: str) -> None:
+        self.stats["client_tls_refused"] += 1
+        log.info("client connection %s refused: %s", peername, reason)
 
     async def stop(self) -> None:
         """Stop serving and close everything, bounded; ``stopped`` is set even if a
@@ -684,6 +763,12 @@ class Node:
                 conn.reply([client, seq, clientwire.OK, st])
                 continue
             if kind == clientwire.ADMIN:
+                if self.cfg.tls and not getattr(conn, "admin", True):  # in-process callers are trusted
+                    self.stats["admin_refused"] += 1
+                    log.warning("admin request %.60r refused: the client has no admin certificate", op)
+                    conn.reply([client, seq, clientwire.ERROR, clientwire.PERMISSION_DENIED + ": admin requests need "
+                                "the admin client certificate (OU=cellar-admin; --cert/--key)"])
+                    continue
                 conn.reply(self._admin(client, seq, op))
                 continue
             if self._stamp is not None:
@@ -1315,6 +1400,7 @@ class Node:
         st["replicas"] = len(self.cfg.peers)
         st["peers"] = {str(i): f"{h}:{p}" for i, (h, p) in sorted(self.cfg.peers.items())}
         st["fsync"] = self.cfg.fsync
+        st["tls"] = self.cfg.tls
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
                      "first_seq": self.wal.first_seq, "fsyncs": self.wal.stats["fsyncs"]}
         st["stats"] = dict(self.stats)

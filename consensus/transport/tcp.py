@@ -74,7 +74,17 @@ on (heartbeat and twice the election timeout).
 ``dials``, ``dial_failures``, ``connections_established``, ``disconnects``,
 ``frames_sent``, ``messages_received``, ``write_pauses``, ``frames_dropped``,
 ``bytes_dropped``, ``frames_discarded_restart``, ``frames_expired``, ``callback_errors``,
-``keepalives_sent``, ``heartbeat-timeout``.
+``keepalives_sent``, ``heartbeat-timeout``, ``tls_refused``.
+
+**TLS** (``ssl_server`` and ``ssl_client``, ``consensus.transport.tls``; off by
+default, and then nothing below costs anything). Mutual TLS: the accepting side
+handshakes each connection itself (``tls.TLSListener``) so that a refused one is
+seen; the dialing side with ``create_connection(ssl=...)``. A handshake that fails
+(a certificate not signed by the cluster CA, no certificate, not TLS at all) and a
+hello whose node id is not the one in the peer's certificate (``OU=cellar-node,
+CN=node-<id>``) close that connection and count ``tls_refused``; each is logged at
+warning level with its reason, once a minute per peer address and kind (handshake or
+identity; a refused peer that keeps redialing does not flood the log).
 
 Every wait is bounded (connect, handshake, close); every queue is bounded (send
 queue by bytes, pending connections by count). Works on the default loop or uvloop.
@@ -88,10 +98,12 @@ import logging
 import os
 import random
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
+from consensus.transport import tls
 from consensus.transport.framing import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -163,6 +175,8 @@ class _PeerConnection(asyncio.Protocol):
             self.fail(e.reason, e.detail)
             return
         if self.peer_id is None and self.stream.peer_id is not None:
+            if self.owner._tls and not self.owner._tls_identity_ok(self, self.stream.peer_id):
+                return
             self.peer_id = self.stream.peer_id
             self.owner._authenticated(self)
         if msgs:
@@ -251,6 +265,8 @@ class PeerTransport:
         on_fatal: Callable[[BaseException], None] | None = None,
         keepalive_s: float | None = None,
         dead_after_s: float | None = None,
+        ssl_server: Any = None,
+        ssl_client: Any = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.node_id = node_id
@@ -289,6 +305,12 @@ class PeerTransport:
         self._flush_scheduled = False
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        if (ssl_server is None) != (ssl_client is None):
+            raise ValueError("TLS needs both ssl_server and ssl_client")
+        self._ssl_server = ssl_server
+        self._ssl_client = ssl_client
+        self._tls = ssl_server is not None
+        self._tls_logged: dict[tuple, float] = {}  # (host, kind) -> when last logged
 
     # -- lifecycle --
 
@@ -299,10 +321,17 @@ class PeerTransport:
         if self._server is not None or self._closing:
             raise RuntimeError("start() may be called once")
         self._loop = asyncio.get_running_loop()
-        self._server = await self._loop.create_server(
-            lambda: _PeerConnection(self, None), listen_host, listen_port, sock=sock,
-            backlog=self._pending_connections_max,
-        )
+        if self._tls:
+            listener = tls.TLSListener(self._ssl_server, lambda: _PeerConnection(self, None), self._tls_accept_refused,
+                                       handshake_timeout_s=self.handshake_timeout_s,
+                                       pending_max=self._pending_connections_max,
+                                       backlog=self._pending_connections_max)
+            self._server = cast(asyncio.Server, await listener.start(listen_host, listen_port, sock=sock))
+        else:
+            self._server = await self._loop.create_server(
+                lambda: _PeerConnection(self, None), listen_host, listen_port, sock=sock,
+                backlog=self._pending_connections_max,
+            )
         # Dial from the address we listen on (each replica on its own 127.0.0.x, say):
         # a peer, and a firewall rule, can then tell replicas apart by source address.
         host = self._server.sockets[0].getsockname()[0] if self._server.sockets else None
@@ -503,7 +532,42 @@ class PeerTransport:
 
     def _protocol_error(self, conn: _PeerConnection, reason: str, detail: str) -> None:
         self.stats[reason] += 1
+        if reason == "tls_refused":
+            self._log_tls_refused(conn.peername, detail)
+            return
         log.warning("peer connection %s (node %s) closed: %s (%s)", conn.peername, conn.peer_id, reason, detail)
+
+    # -- TLS (module docstring) --
+
+    def _tls_identity_ok(self, conn: _PeerConnection, claimed: int) -> bool:
+        """The node id in the peer's (CA-verified) certificate is the one its hello claims."""
+        cert = tls.peercert_of(conn.transport)
+        named = tls.node_id_of(cert)
+        if named == claimed:
+            return True
+        conn.fail("tls_refused", f"hello claims node {claimed}, certificate is {tls.describe(cert)}")
+        return False
+
+    def _tls_accept_refused(self, peername: Any, reason: str) -> None:
+        if reason == "pending-limit":
+            self.stats["pending-limit"] += 1
+            log.warning("peer connection from %s refused: %d handshakes already pending", peername,
+                        self._pending_connections_max)
+            return
+        self.stats["tls_refused"] += 1
+        self._log_tls_refused(peername, reason)
+
+    def _log_tls_refused(self, peername: Any, reason: str) -> None:
+        host = peername[0] if isinstance(peername, tuple) else peername
+        key = (host, "identity" if reason.startswith("hello claims") else "handshake")
+        now = time.monotonic()
+        last = self._tls_logged.get(key)
+        if last is not None and now - last < 60.0:
+            return
+        if len(self._tls_logged) > 1024:  # bounded: forget the oldest
+            self._tls_logged.pop(next(iter(self._tls_logged)))
+        self._tls_logged[key] = now
+        log.warning("peer connection %s refused (tls_refused): %s (logged once a minute per address)", peername, reason)
 
     def _deliver(self, conn: _PeerConnection, peer_id: int, msgs: list[Any]) -> None:
         if self.failed is not None:
@@ -542,9 +606,20 @@ class PeerTransport:
             host, port = self._addresses[peer_id]
             conn: _PeerConnection | None = None
             try:
-                async with asyncio.timeout(self._connect_timeout_s):
-                    _transport, conn = await loop.create_connection(
-                        lambda: _PeerConnection(self, peer_id), host, port, local_addr=self._source)
+                if self._tls:
+                    async with asyncio.timeout(self._connect_timeout_s + self.handshake_timeout_s):
+                        _transport, conn = await loop.create_connection(
+                            lambda: _PeerConnection(self, peer_id), host, port, local_addr=self._source,
+                            ssl=self._ssl_client, server_hostname=host,
+                            ssl_handshake_timeout=self.handshake_timeout_s)
+                else:
+                    async with asyncio.timeout(self._connect_timeout_s):
+                        _transport, conn = await loop.create_connection(
+                            lambda: _PeerConnection(self, peer_id), host, port, local_addr=self._source)
+            except ssl.SSLError as e:  # an OSError too: the handshake failed (the peer's certificate)
+                self.stats["dial_failures"] += 1
+                self.stats["tls_refused"] += 1
+                self._log_tls_refused((host, port), f"dialing node {peer_id}: {tls.handshake_failure(e)}")
             except (OSError, TimeoutError):
                 self.stats["dial_failures"] += 1
             if conn is not None:
