@@ -1376,7 +1376,11 @@ def guided(
 # - forking at rare states (greybox fuzzing, as in ``consensus.sim.steer``): a walk
 #   notes the first action at which each coarse protocol situation (``walk_signals``)
 #   shows; after the walk, the state where its rarest one (seen in the fewest walks
-#   so far) first showed is continued ``branches`` times with fresh draws.
+#   so far) first showed is continued ``branches`` times with fresh draws; a branch
+#   that shows a signal new to its lineage, no commoner than the one it was forked
+#   at, is forked in turn (``levels`` deep): the rare recovery states (a recoverer
+#   and a live command leader on one instance, an own re-prepare the sequencer has
+#   not ordered) are mostly reached from other rare states.
 #
 # Oracles: steered walks turn on probe reads and the quorum check (``ExplorerConfig``).
 
