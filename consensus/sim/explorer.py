@@ -75,7 +75,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from consensus.core.config import ProtocolConfig, ballot_owner
+from consensus.core.config import ProtocolConfig, ballot_owner, ballot_round
 from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
@@ -363,21 +363,23 @@ class World:
     def live(self, r: int) -> bool:
         return self.reps[r] is not None
 
-    def freeze(self) -> "World":
-        """Pickle every live replica (after computing its digest)."""
-        self.digest()
+    def freeze(self, digest: bool = True) -> "World":
+        """Pickle every live replica (after computing its digest, unless told not
+        to: steered walks never compare digests)."""
+        if digest:
+            self.digest()
         for r, obj in enumerate(self.reps):
             if obj is not None and type(obj) is not bytes:
                 self.reps[r] = _dumps_replica(obj)
         return self
 
-    def clone(self) -> "World":
+    def clone(self, digest: bool = True) -> "World":
         """A copy that shares nothing mutable with this world. Live replicas are
         pickled first (``freeze``): a clone of a world holding live objects would
         otherwise share them, and an action on the clone would change this world
         behind its cached digest."""
         if any(obj is not None and type(obj) is not bytes for obj in self.reps):
-            self.freeze()
+            self.freeze(digest)
         w = World.__new__(World)
         w.__dict__.update(self.__dict__)
         w.reps = list(self.reps)
@@ -1374,7 +1376,11 @@ def guided(
 # - forking at rare states (greybox fuzzing, as in ``consensus.sim.steer``): a walk
 #   notes the first action at which each coarse protocol situation (``walk_signals``)
 #   shows; after the walk, the state where its rarest one (seen in the fewest walks
-#   so far) first showed is continued ``branches`` times with fresh draws.
+#   so far) first showed is continued ``branches`` times with fresh draws; a branch
+#   that shows a signal new to its lineage, no commoner than the one it was forked
+#   at, is forked in turn (``levels`` deep): the rare recovery states (a recoverer
+#   and a live command leader on one instance, an own re-prepare the sequencer has
+#   not ordered) are mostly reached from other rare states.
 #
 # Oracles: steered walks turn on probe reads and the quorum check (``ExplorerConfig``).
 
@@ -1426,29 +1432,86 @@ def walk_signals(world: World) -> set:
     """Coarse rare situations present now (coverage), read from the live replicas:
     the general states a view change or a recovery passes through (the same as
     ``consensus.sim.steer.signals``, plus phase 2 of a recovery in progress and a
-    candidate that is not the owner of the highest view)."""
+    candidate that is not the owner of the highest view), and finer states of
+    C-instance recovery, the rare protocol states where a command leader and a
+    recoverer act on the same instances:
+
+    - ``recovering-live-leader``: a peer's recovery in phase 2 over instances that
+      their command leader, alive, still has in flight;
+    - ``foreign-ballot-open``: a command leader holds its own in-flight instance at a
+      recoverer's ballot while that recoverer is in phase 2 and fewer than a quorum
+      of live replicas hold that ballot's value; ``foreign-ballot-proposed`` once
+      the leader's own C-accept at that ballot is in flight to the recoverer (two
+      proposers of one ballot);
+    - ``re-prepare-unordered``: a command leader re-prepares its own instances and
+      the sequencer has not ordered one of them yet; ``re-prepared-unordered`` and
+      ``re-prepared-blind`` after it (an instance at a re-prepared ballot not yet
+      ordered, or ordered by a sequencer that does not hold it)."""
     out: set = set()
     if world.cfg.protocol != "sdpaxos":
         return out
-    live = [world.rep(r) for r in range(world.n) if world.reps[r] is not None]
+    byid = {r: world.rep(r) for r in range(world.n) if world.reps[r] is not None}
+    live = list(byid.values())
     if not live:
         return out
     top_view = max(r.view for r in live)
     top_oview = max(r.o_view for r in live)
+    quorum = world.n // 2 + 1
+    seq = None
+    for r in live:
+        if r.sequencer == r.id and r.phase == "normal" and (seq is None or r.view > seq.view):
+            seq = r
     for r in live:
         if r.now < r.lease_until and r.lease_to >= 0 and r.lease_to != r.sequencer:
             out.add("promise-elsewhere")
         if r.lease_valid() and r.view < top_view:
             out.add("stale-lease")
-        if any(ballot_owner(c.ballot) != r.id for c in r.unready.values()):
-            out.add("foreign-ballot")
+        assigned = getattr(seq, "assigned", None) if seq is not None and seq is not r else None
+        for inst, c in r.unready.items():
+            owner = ballot_owner(c.ballot)
+            if owner == r.id and ballot_round(c.ballot) > 0 and assigned is not None and not r.crec:
+                # An instance its leader re-prepared (its ballot moved past the first):
+                # not yet ordered, or ordered by a sequencer that does not hold it.
+                if inst >= assigned[r.id]:
+                    out.add("re-prepared-unordered")
+                elif seq.clog[r.id].get(inst) is None:
+                    out.add("re-prepared-blind")
+            if owner != r.id:
+                out.add("foreign-ballot")
+                rec = getattr(byid.get(owner), "crec", {}).get(r.id)
+                if rec is None or rec.ballot != c.ballot or inst not in getattr(rec, "accepting", {}):
+                    continue
+                held = 0
+                for q in live:
+                    qc = q.clog[r.id].get(inst)
+                    held += qc is not None and qc.ballot == c.ballot
+                if held < quorum:
+                    out.add("foreign-ballot-open")
+                    if _in_flight(world, r.id, owner, "CAccept", r.id, inst, c.ballot):
+                        out.add("foreign-ballot-proposed")
         for leader, rec in r.crec.items():
             out.add(("re-prepare" if leader == r.id else "peer-recovery") + ("-accepting" if rec.accepting else ""))
+            if leader != r.id and rec.accepting and leader in byid and set(rec.accepting) & set(byid[leader].unready):
+                out.add("recovering-live-leader")
+            if leader == r.id and seq is not None and seq is not r:
+                assigned = getattr(seq, "assigned", None)
+                if assigned is not None and any(inst >= assigned[r.id] for inst in r.unready):
+                    out.add("re-prepare-unordered")
         if r.sequencer == r.id and r.phase in ("candidate", "recovering") and r.o_view < top_oview:
             out.add("hidden-view")
         if r.phase == "candidate" and r.view < top_view:
             out.add("candidate-behind")
     return out
+
+
+def _in_flight(world: World, src: int, dst: int, kind: str, leader: int, inst: int, ballot: int) -> bool:
+    """A ``kind`` message for C-instance ``leader.inst`` at ``ballot`` in flight src -> dst."""
+    for s, d, data in world.net:
+        if s == src and d == dst and kind in _types_of(data):
+            for m in decode_envelope(data)[1]:
+                if type(m).__name__ == kind and m.leader == leader and m.inst == inst and m.ballot == ballot:
+                    return True
+    return False
 
 
 def _steer_profile(rng: random.Random, cfg: ExplorerConfig, length: int) -> dict:
@@ -1586,13 +1649,18 @@ def steered_walks(
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 1.0,
     first: int = 0,
+    levels: int = 3,
 ) -> Result:
     """Seeded steered walks (see the section comment), each followed by ``branches``
-    continuations from the state where its rarest signal first showed. Walk ``w`` of
-    ``seed`` draws from ``Random(seed, w)`` and branch ``b`` of it from ``Random(seed,
-    w, b)``; which signal is rarest depends on the walks before, so a campaign is
-    deterministic from its first walk. Every walk and branch counts in ``walks``;
-    a violation records ``walk`` and ``branch`` and its full trace (``replay``)."""
+    continuations from the state where its rarest signal first showed. A branch that
+    shows a signal new to its lineage and rarer than the one it was forked at is
+    forked in turn (up to ``levels`` forks deep): rare states reached only from
+    other rare states get their own continuations. Walk ``w`` of ``seed`` draws
+    from ``Random(seed, w)``, its branch ``b`` from ``Random(seed, w, b)`` and a
+    nested branch from its path; which signal is rarest depends on the runs before,
+    so a campaign is deterministic from its first walk. Every walk and branch counts
+    in ``walks``; a violation records ``walk`` and ``branch`` (``b`` or the path
+    ``"b.b2..."``) and its full trace (``replay``)."""
     t0 = time.monotonic()
     wcfg = steer_config(cfg)
     result = Result(mode="steer", config=wcfg.to_json())
@@ -1602,7 +1670,7 @@ def steered_walks(
     result.by_depth = {"signals": counts, "forks": {}}
     next_report = t0 + progress_every_s
 
-    def one(rng: random.Random, world: World, trace: list, length: int, w: int, b: int | None, firsts: dict | None) -> bool:
+    def one(rng: random.Random, world: World, trace: list, length: int, w: int, b: Any, firsts: dict, seen: set) -> bool:
         prof = _steer_profile(rng, wcfg, length)
         start = len(trace)
         try:
@@ -1614,10 +1682,9 @@ def steered_walks(
                 result.transitions += 1
                 world.apply(action)
                 result.states += 1
-                if firsts is not None:
-                    for sig in walk_signals(world):
-                        if sig not in firsts:
-                            firsts[sig] = (world.clone(), list(trace), len(trace) - start)
+                for sig in walk_signals(world):
+                    if sig not in seen and sig not in firsts:
+                        firsts[sig] = (world.clone(digest=False), list(trace), len(trace) - start)
             result.depth_reached = max(result.depth_reached, len(trace))
             if cfg.stabilize != "none":
                 trace.append(["stabilize"])
@@ -1629,30 +1696,53 @@ def steered_walks(
             return True
         return False
 
-    stop = False
-    for w in range(first, first + walks):
-        firsts: dict = {}
-        rng = random.Random(seed * 1_000_003 + w)
-        result.walks += 1
-        if one(rng, base.clone(), [], depth, w, None, firsts):
-            break
+    def rarest(firsts: dict) -> str | None:
         pick = None
         for sig in sorted(firsts):
             if pick is None or counts.get(sig, 0) < counts.get(pick, 0):
                 pick = sig
         for sig in firsts:
             counts[sig] = counts.get(sig, 0) + 1
-        if pick is not None and branches > 0:
-            result.by_depth["forks"][pick] = result.by_depth["forks"].get(pick, 0) + 1
-            at, prefix, used = firsts[pick]
-            for b in range(branches):
+        return pick
+
+    def out_of_time() -> bool:
+        return budget_s is not None and time.monotonic() - t0 > budget_s
+
+    def fork(w: int, path: tuple, sig: str, firsts: dict, seen: set, used_before: int) -> bool:
+        """``branches`` continuations from where ``sig`` first showed; True to stop."""
+        result.by_depth["forks"][sig] = result.by_depth["forks"].get(sig, 0) + 1
+        at, prefix, used = firsts[sig]
+        used += used_before
+        lineage = seen | set(firsts)
+        rank = counts.get(sig, 0)
+        for b in range(branches):
+            if not path:
                 brng = random.Random((seed * 1_000_003 + w) * 1009 + b + 1)
-                result.walks += 1
-                if one(brng, at.clone(), list(prefix), max(depth - used, depth // 2), w, b, None):
-                    stop = True
-                    break
-                if budget_s is not None and time.monotonic() - t0 > budget_s:
-                    break
+            else:
+                brng = random.Random(f"{seed}:{w}:{'.'.join(map(str, path + (b,)))}")
+            label: Any = b if not path else ".".join(map(str, path + (b,)))
+            result.walks += 1
+            sub: dict = {}
+            if one(brng, at.clone(digest=False), list(prefix), max(depth - used, depth // 2), w, label, sub, lineage):
+                return True
+            nxt = rarest(sub)
+            if nxt is not None and len(path) + 1 < levels and counts.get(nxt, 0) <= rank:
+                if fork(w, path + (b,), nxt, sub, lineage, used):
+                    return True
+            if out_of_time():
+                return False
+        return False
+
+    stop = False
+    for w in range(first, first + walks):
+        firsts: dict = {}
+        rng = random.Random(seed * 1_000_003 + w)
+        result.walks += 1
+        if one(rng, base.clone(digest=False), [], depth, w, None, firsts, set()):
+            break
+        pick = rarest(firsts)
+        if pick is not None and branches > 0:
+            stop = fork(w, (), pick, firsts, set(), 0)
         now = time.monotonic()
         if stop or (budget_s is not None and now - t0 > budget_s):
             break

@@ -1,5 +1,6 @@
 """The explorer's steered walks (``consensus.sim.explorer --steer``) re-find re-planted
-bugs of issue 9 within a small budget, and find nothing on the unmutated core.
+bugs of issue 9 (bugs 1, 3 and 4) within a small budget, and find nothing on the
+unmutated core.
 
 Each mutant test copies ``consensus/`` and ``jepsen_like/`` to a temporary
 directory, applies the mutant there with ``tools/mutants.py`` (never to the tree),
@@ -40,6 +41,9 @@ N5 = ["--replicas", "5", "--crashes", "2", *_EX]
 FINDS = [
     ("bug1-lease-promise", 1, N3, 46, "stale_read"),
     ("bug4-reprepare-no-keys", 11, N3, 17, "stale_read"),
+    # Walk 174, nested branch 0.1.7 (818 runs): forked at recovering-live-leader /
+    # foreign-ballot states (docs/steered-search.md, "Nested forks").
+    ("bug3-mixed-ballot-acks", 1001, N5, 175, "quorum"),
 ]
 TIMEOUT_S = 180
 
