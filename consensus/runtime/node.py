@@ -420,6 +420,7 @@ class Node:
         self._waiters: dict[tuple, _ClientConn] = {}
         self._outbox: deque = deque()  # (wal seq, messages, replies) awaiting durability
         self._tokens: deque = deque()  # (wal seq, Ready.token): replica.persisted once durable
+        self._durable_waiting = False  # our one waiter is registered with the committer
         self._scheduled = False
         self._stopping = False
         self._failed: BaseException | None = None
@@ -978,16 +979,10 @@ class Node:
                 self._release([(rd.messages, rd.replies)])
             else:
                 self._outbox.append((seq, rd.messages, rd.replies))
-                try:
-                    self.committer.on_durable(seq, self._on_durable)
-                except Exception as e:
-                    self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
+                if not self._await_durable(seq):
                     return
         elif seq > wal.durable_seq:  # nothing waits, but a failure of this sync must stop us now
-            try:
-                self.committer.on_durable(seq, self._on_durable)
-            except Exception as e:
-                self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
+            if not self._await_durable(seq):
                 return
         if self._down:
             return
@@ -1004,6 +999,23 @@ class Node:
         if wanted is not None:
             self._start_pull(wanted)
         self._maybe_snapshot()
+
+    def _await_durable(self, seq: int) -> bool:
+        """Have ``_on_durable`` called once ``seq`` is durable. One waiter of ours at a
+        time: when it fires it releases everything durable by then and waits again
+        for the rest (a waiter per Ready piled up 65,536 of them while a snapshot's
+        fsync held the disk, and the node stopped on CommitQueueFull). False if the
+        node stopped."""
+        if self._durable_waiting:
+            return True
+        self._durable_waiting = True  # before: the callback may run at once
+        try:
+            self.committer.on_durable(seq, self._on_durable)
+        except Exception as e:
+            self._durable_waiting = False
+            self._fail(f"write-ahead log sync failed: {_describe(e)}", e)
+            return False
+        return True
 
     def _report_persisted(self, durable: int) -> None:
         """Tell the core which Readys' records are durable: it counts its own accepts
@@ -1025,6 +1037,7 @@ class Node:
             self._kick()
 
     def _on_durable(self, exc: BaseException | None) -> None:
+        self._durable_waiting = False
         if self._down:
             return
         if exc is not None:  # a bare OSError is the write before the fsync (GroupCommitter._start_sync)
@@ -1043,6 +1056,8 @@ class Node:
                 batch.append((messages, replies))
             if batch:
                 self._release(batch)
+            if not self._down and self.wal.last_seq > self.wal.durable_seq:
+                self._await_durable(self.wal.last_seq)  # what was appended since: wait again
         except Exception as e:  # the committer would only log it: stop instead
             self._fail(f"internal error releasing output: {_describe(e)}", e)
 
