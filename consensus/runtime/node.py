@@ -41,7 +41,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -1164,23 +1164,9 @@ class Node:
                 raise OSError(f"the snapshot process failed (exit status {code}; its error is in the log)")
             data, snap = await loop.run_in_executor(None, _read_snapshot_file, tmp)
             meta = msgpack.unpackb(snap.meta, raw=False)
-            # As _save_own_snapshot: stored only once every record up to it is durable.
-            await self.committer.durable(snap.seq)
-            if self._down:
-                return
-            await loop.run_in_executor(None, lambda: place_snapshot(directory, tmp, snap, keep=2))
-            if self._down:
-                return
-            self._snap_bytes = data
-            self._snap_slot = max(self._snap_slot, meta["slot"])
-            try:
-                live = self.replica.compact(meta)
-            except Exception as e:
-                self._core_failed("compact", e)
-                return
-            await self._write_live(live, installed=False)
-            self.stats["snapshots_taken"] += 1
-            self._kick()
+            if await self._keep_snapshot(snap, meta, data, lambda: place_snapshot(directory, tmp, snap, keep=2)):
+                self.stats["snapshots_taken"] += 1
+                self._kick()
         except Exception as e:  # a failed write of durable state: never carry on
             if not self._down:
                 self._fail(f"storing a snapshot failed: {_describe(e)}", e)
@@ -1203,31 +1189,41 @@ class Node:
         durable → drop WAL segments. The core keeps running meanwhile: ``compact``
         restates whatever the log holds when it is called."""
         try:
-            # The state may reflect records not yet on disk (a slot executed on its own
-            # accept): stored before them, the snapshot could outlive them after a power
-            # loss. Store it only once every record up to it is durable (review 9).
-            await self.committer.durable(snap.seq)
-            if self._down:
-                return
             directory = os.path.join(self.cfg.data_dir, "snapshots")
-            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=2))
-            if self._down:
-                return
-            self._snap_bytes = encode_snapshot(snap)
-            self._snap_slot = max(self._snap_slot, meta["slot"])
-            try:
-                live = self.replica.compact(meta)
-            except Exception as e:
-                self._core_failed("compact", e)
-                return
-            await self._write_live(live, installed=False)
-            self.stats["snapshots_taken"] += 1
-            self._kick()
+            image = encode_snapshot(snap)
+            if await self._keep_snapshot(snap, meta, image, lambda: write_snapshot(directory, snap, keep=2, image=image)):
+                self.stats["snapshots_taken"] += 1
+                self._kick()
         except Exception as e:  # a failed write of durable state: never carry on
             if not self._down:
                 self._fail(f"storing a snapshot failed: {_describe(e)}", e)
         finally:
             self._snap_task = None
+
+    async def _keep_snapshot(self, snap: Snapshot, meta: dict, image: bytes, store: Callable[[], Any], *,
+                             installed: bool = False) -> bool:
+        """Store a snapshot (``store`` writes ``image``, in a worker thread), then let the
+        core compact and make its live records durable; False if we stopped on the way.
+        Our own snapshot is stored only once every record up to it is durable: its state
+        may reflect records not yet on disk (a slot executed on its own accept), and
+        stored before them it could outlive them after a power loss (review 9). A peer's
+        snapshot (``installed``) was durable at the peer."""
+        if not installed:
+            await self.committer.durable(snap.seq)
+            if self._down:
+                return False
+        await asyncio.get_running_loop().run_in_executor(None, store)
+        if self._down:
+            return False
+        self._snap_bytes = image
+        self._snap_slot = max(self._snap_slot, meta["slot"])
+        try:
+            live = self.replica.compact(meta)
+        except Exception as e:
+            self._core_failed("compact", e)
+            return False
+        await self._write_live(live, installed=installed)
+        return True
 
     async def _write_live(self, live: list, installed: bool) -> None:
         """Append the records ``compact`` returned, wait for their fsync, then drop the
@@ -1268,17 +1264,9 @@ class Node:
             directory = os.path.join(self.cfg.data_dir, "snapshots")
             # A peer's snapshot does not pair with our older ones (we never had the log
             # between them): keep only it.
-            await asyncio.get_running_loop().run_in_executor(None, lambda: write_snapshot(directory, snap, keep=1))
-            if self._down:
-                return
-            self._snap_bytes = encode_snapshot(snap)
-            self._snap_slot = max(self._snap_slot, meta["slot"])
-            try:
-                live = self.replica.compact(meta)
-            except Exception as e:
-                self._core_failed("compact", e)
-                return
-            await self._write_live(live, installed=True)
+            image = encode_snapshot(snap)
+            await self._keep_snapshot(snap, meta, image, lambda: write_snapshot(directory, snap, keep=1, image=image),
+                                      installed=True)
         except Exception as e:  # the core already moved on to state that is not durable
             if not self._down:
                 self._fail(f"storing the snapshot installed from node {peer} failed: {_describe(e)}", e)

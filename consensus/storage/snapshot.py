@@ -162,16 +162,18 @@ def _name_matches(key: tuple[int, int], snap: Snapshot) -> bool:
     return key == _order_key(snap.slot, snap.seq)
 
 
-def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: int = 2) -> str:
+def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: int = 2,
+                   image: bytes | None = None) -> str:
     """Atomically write ``snap``, then delete all but the ``keep`` newest snapshots
-    (and any leftover temporary files). Returns the path written."""
+    (and any leftover temporary files). Returns the path written. ``image``: the
+    caller's ``encode_snapshot(snap)``, so it is not encoded twice."""
     if keep < 1:
         raise ValueError("keep must be >= 1")
     directory = os.fspath(directory)
     # The folder (new or made by a process that crashed before syncing it) must be
     # durable in its parent before the WAL is compacted against what it holds.
     makedirs_durable(directory)
-    data = encode_snapshot(snap)
+    data = encode_snapshot(snap) if image is None else image
     # Pair assertion: what goes to disk decodes to the same header values.
     _h, slot, seq, meta_len, body_len, _c = _parse_header(data, "encoded")
     assert (seq, slot, meta_len, body_len) == (snap.seq, snap.slot, len(snap.meta), len(snap.body))
