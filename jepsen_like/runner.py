@@ -203,7 +203,7 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     keys = 1 if spec.workload == "register" else spec.keys
-    db = CellarDB(str(out / "db"), spec.nodes, seed=spec.seed, snapshot_every=spec.snapshot_every)
+    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()

@@ -395,11 +395,15 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
 
 
 class LocalCluster:
-    """``cellar serve`` processes on 127.0.0.1 (used by ``up``, ``demo``, ``bench`` and tests)."""
+    """``cellar serve`` processes on loopback (used by ``up``, ``demo``, ``bench``, the
+    Jepsen harness's db and tests). All on 127.0.0.1 by default; with ``hosts``, node
+    ``i`` listens on ``hosts[i]`` (say 127.0.0.20+i), with the same three ports on every
+    address, and dials its peers from it."""
 
     def __init__(self, root: str, replicas: int = 3, *, base_port: int | None = None, protocol: str = "sdpaxos",
                  fsync: str = "batch", cluster_id: str = "local", extra_args: list[str] | None = None,
-                 log_level: str = "warning", http: bool = False, tls_dir: str | None = None) -> None:
+                 log_level: str = "warning", http: bool = False, tls_dir: str | None = None,
+                 hosts: list[str] | None = None) -> None:
         self.root = root
         # TLS: a folder made by ``cellar certs init`` (ca.pem, node<i>.pem, node<i>-key.pem).
         self.tls_dir = tls_dir
@@ -409,8 +413,16 @@ class LocalCluster:
         self.cluster_id = cluster_id
         self.extra_args = extra_args or []
         self.log_level = log_level
-        ports = free_ports(3 * replicas) if base_port is None else [base_port + i for i in range(replicas)] + [
-            base_port + 100 + i for i in range(replicas)] + [base_port + 200 + i for i in range(replicas)]
+        if hosts is not None and len(hosts) != replicas:
+            raise ValueError(f"{len(hosts)} hosts for {replicas} replicas")
+        self.hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * replicas
+        if hosts is not None:
+            ports = [p for p in free_ports_on(self.hosts, 3) for _ in range(replicas)]
+        elif base_port is None:
+            ports = free_ports(3 * replicas)
+        else:
+            ports = [base_port + i for i in range(replicas)] + [base_port + 100 + i for i in range(replicas)] + [
+                base_port + 200 + i for i in range(replicas)]
         self.peer_ports = ports[:replicas]
         self.client_ports = ports[replicas:2 * replicas]
         # --http HOST:PORT per node (the machine's HTTP API) when asked for
@@ -419,22 +431,27 @@ class LocalCluster:
 
     @property
     def peers_spec(self) -> str:
-        return ",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(self.peer_ports))
+        return ",".join(f"{i}={self.hosts[i]}:{p}" for i, p in enumerate(self.peer_ports))
 
     @property
     def client_addresses(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", p) for p in self.client_ports]
+        return [(self.hosts[i], p) for i, p in enumerate(self.client_ports)]
+
+    @property
+    def urls(self) -> list[str]:
+        """The HTTP APIs (``http=True``)."""
+        return [f"http://{self.hosts[i]}:{p}" for i, p in enumerate(self.http_ports)]
 
     def data_dir(self, i: int) -> str:
         return os.path.join(self.root, f"node{i}")
 
     def command(self, i: int) -> list[str]:
         return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec,
-                "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
+                "--client", f"{self.hosts[i]}:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
                 "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
                 "--ready-file", self._ready_file(i), "--exit-with-parent", str(os.getpid()),
                 "--log-level", self.log_level, *self.tls_args(i), *self.extra_args,
-                *(["--http", f"127.0.0.1:{self.http_ports[i]}"] if self.http_ports else [])]
+                *(["--http", f"{self.hosts[i]}:{self.http_ports[i]}"] if self.http_ports else [])]
 
     def tls_args(self, i: int) -> list[str]:
         if self.tls_dir is None:
@@ -452,7 +469,7 @@ class LocalCluster:
             os.unlink(self._ready_file(i))
         except FileNotFoundError:
             pass
-        logf = open(os.path.join(self.root, f"node{i}.log"), "ab")
+        logf = open(self.log_path(i), "ab")
         self.procs[i] = subprocess.Popen(self.command(i), stdout=logf, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         logf.close()
@@ -476,9 +493,12 @@ class LocalCluster:
     async def await_ready(self, i: int | None = None, timeout_s: float = 20.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.wait_ready, i, timeout_s)
 
+    def log_path(self, i: int) -> str:
+        return os.path.join(self.root, f"node{i}.log")
+
     def log_tail(self, i: int, lines: int = 5) -> str:
         try:
-            with open(os.path.join(self.root, f"node{i}.log"), errors="replace") as f:
+            with open(self.log_path(i), errors="replace") as f:
                 return " | ".join(f.read().strip().splitlines()[-lines:])
         except OSError:
             return ""
@@ -493,6 +513,7 @@ class LocalCluster:
         proc = self.procs.get(i)
         if proc is None or proc.poll() is not None:
             return
+        proc.send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=timeout_s)
@@ -504,6 +525,7 @@ class LocalCluster:
         """SIGTERM every node at once, then wait for each (SIGKILL past the timeout)."""
         live = [i for i, p in self.procs.items() if p.poll() is None]
         for i in live:
+            self.procs[i].send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
             self.procs[i].send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for i in live:
@@ -517,6 +539,30 @@ class LocalCluster:
     def alive(self, i: int) -> bool:
         proc = self.procs.get(i)
         return proc is not None and proc.poll() is None
+
+
+def free_ports_on(hosts: list[str], count: int, tries: int = 200) -> list[int]:
+    """``count`` port numbers free on every one of ``hosts`` at once."""
+    import random
+    import socket
+
+    def free(port: int) -> bool:
+        for host in hosts:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    return False
+        return True
+
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 30000)
+        ports = [base + k for k in range(count)]
+        if all(free(p) for p in ports):
+            return ports
+    raise RuntimeError(f"no {count} ports free on all of {', '.join(hosts)}")
 
 
 def free_ports(count: int) -> list[int]:

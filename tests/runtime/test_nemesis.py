@@ -43,7 +43,7 @@ needs_iptables = pytest.mark.skipif(iptables_available() is not None, reason=str
 
 @needs_iptables
 async def test_a_partitioned_sequencer_loses_office_and_the_chain_is_removed(tmp_path):
-    db = CellarDB(str(tmp_path / "db"), 3, seed=7)
+    db = CellarDB(str(tmp_path / "db"), 3)
     db.start_all()
     net = None
     try:
@@ -77,7 +77,7 @@ async def test_a_partitioned_sequencer_loses_office_and_the_chain_is_removed(tmp
 
 
 async def test_kill_and_pause_by_pid(tmp_path):
-    db = CellarDB(str(tmp_path / "db"), 3, seed=8)
+    db = CellarDB(str(tmp_path / "db"), 3)
     db.start_all()
     try:
         await db.await_ready()
