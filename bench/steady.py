@@ -34,14 +34,9 @@ from store.client import CellarClient
 from store.server import LocalCluster, install_loop, tune_gc
 
 
-async def _statuses(cellar: CellarClient, n: int) -> list[dict | None]:
-    out: list[dict | None] = []
-    for i in range(n):
-        try:  # no digest: computing it is a pass over the whole state on the node's loop
-            out.append(await asyncio.wait_for(cellar.status(i, digest=False), 2.0))
-        except Exception:
-            out.append(None)
-    return out
+async def _statuses(cellar: CellarClient) -> list[dict | None]:
+    # No digest: computing it is a pass over the whole state on the node's loop.
+    return [None if "error" in st else st for st in await cellar.statuses(digest=False)]
 
 
 async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_every: int, keys: int,
@@ -57,7 +52,7 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
         await cluster.await_ready(timeout_s=30.0)
         async with CellarClient(cluster.client_addresses, timeout_s=5.0, deadline_s=30.0) as cellar:
             await asyncio.wait_for(cellar.session().put("steady-probe", "ok"), 20.0)
-            first = await _statuses(cellar, replicas)
+            first = await _statuses(cellar)
             views: set[int] = {s["view"] for s in first if s}
             worst_1s = [0.0] * replicas  # the longest loop pause seen in any sampled second
             stop = time.monotonic() + seconds + 1.0
@@ -65,7 +60,7 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             async def sample() -> None:
                 while time.monotonic() < stop:
                     await asyncio.sleep(1.0)
-                    for i, st in enumerate(await _statuses(cellar, replicas)):
+                    for i, st in enumerate(await _statuses(cellar)):
                         if st:
                             views.add(st["view"])
                             worst_1s[i] = max(worst_1s[i], st["loop"]["lag_max_ms_1s"])
@@ -79,7 +74,7 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             load = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, keys=keys,
                                   record_completions=True, on_progress=show)
             await asyncio.wait_for(sampler, 10.0)
-            last = await _statuses(cellar, replicas)
+            last = await _statuses(cellar)
     finally:
         cluster.stop_all()
     nodes = []

@@ -86,16 +86,11 @@ async def _in_thread(fn: Callable, *args: Any) -> Any:
 
 
 async def _statuses(db: CellarDB) -> list[dict | None]:
+    """Each node's status (with its digest), None for one that does not answer."""
     from store.client import CellarClient
 
-    out: list[dict | None] = []
     async with CellarClient(db.client_addresses, timeout_s=2.0, deadline_s=5.0) as cellar:
-        for i in range(db.n):
-            try:
-                out.append(await asyncio.wait_for(cellar.status(i), 3.0))
-            except Exception:
-                out.append(None)
-    return out
+        return [None if "error" in st else st for st in await cellar.statuses()]
 
 
 async def _converge(db: CellarDB, timeout_s: float) -> tuple[bool, list]:

@@ -131,16 +131,7 @@ async def _statuses(addresses: list[tuple[str, int]], timeout_s: float) -> list[
     from store.client import CellarClient
 
     async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s, **client_tls()) as cellar:
-
-        async def one(i: int) -> dict:
-            host, port = addresses[i]
-            try:
-                st = await cellar.status(i)
-            except Exception as e:
-                return {"endpoint": f"{host}:{port}", "error": f"{type(e).__name__}: {e}".rstrip(": ")}
-            return {"endpoint": f"{host}:{port}", **st}
-
-        return list(await asyncio.gather(*(one(i) for i in range(len(addresses)))))
+        return await cellar.statuses()
 
 
 def _row(st: dict) -> dict:

@@ -419,6 +419,20 @@ class CellarClient:
         (``digest=False``; the answer then has ``"digest": None``)."""
         return await self.call_once(node, clientwire.STATUS, 0, 0, None if digest else {"digest": False})
 
+    async def statuses(self, *, digest: bool = True) -> list[dict]:
+        """Every node's status, asked at once, each with its ``endpoint``; a node that
+        does not answer within ``timeout_s`` is ``{"endpoint": ..., "error": "..."}``."""
+
+        async def one(i: int) -> dict:
+            host, port = self.addresses[i]
+            try:
+                st = await self.status(i, digest=digest)
+            except Exception as e:
+                return {"endpoint": f"{host}:{port}", "error": f"{type(e).__name__}: {e}".rstrip(": ")}
+            return {"endpoint": f"{host}:{port}", **st}
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(self.addresses)))))
+
     # Convenience: one default session.
     def _session(self) -> Session:
         if self._default is None:

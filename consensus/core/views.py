@@ -86,7 +86,3 @@ class ViewGate:
     def release(self) -> None:
         """The sequencer we promised released us (a planned handover)."""
         self.promise_until = 0
-
-    def promising(self, now: int) -> int:
-        """Who our running promise is to, or -1."""
-        return self.promise_to if now < self.promise_until else -1

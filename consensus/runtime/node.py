@@ -838,11 +838,7 @@ class Node:
                 return [clientwire.OK, {"started": False, "reason": "a snapshot is being stored: ask again"}]
             if getattr(replica, "exec_slot", 0) <= self._snap_slot and data:
                 return [clientwire.OK, {"started": False, "reason": "the latest snapshot is current"}]
-            every, self.cfg.snapshot_every = self.cfg.snapshot_every, 1
-            try:
-                self._maybe_snapshot()
-            finally:
-                self.cfg.snapshot_every = every
+            self._maybe_snapshot(now=True)
             return [clientwire.OK, {"started": self._snap_task is not None}]
         if op[0] == "snapshot_chunk" and len(op) == 3 and type(op[1]) is int and type(op[2]) is int:
             if not data or op[1] != self._snap_slot:
@@ -1091,12 +1087,14 @@ class Node:
 
     # --- snapshots --------------------------------------------------------------------
 
-    def _maybe_snapshot(self) -> None:
+    def _maybe_snapshot(self, now: bool = False) -> None:
+        """Take a snapshot every ``snapshot_every`` executed slots, or ``now`` (the admin
+        request ``snapshot_take``) if anything was executed since the last one."""
         every = self.cfg.snapshot_every
         replica = self.replica
-        if not every or self._snap_task is not None or type(replica).take_snapshot is ReplicaBase.take_snapshot:
+        if self._snap_task is not None or type(replica).take_snapshot is ReplicaBase.take_snapshot:
             return
-        if getattr(replica, "exec_slot", 0) - self._snap_slot < every:
+        if not now and (not every or getattr(replica, "exec_slot", 0) - self._snap_slot < every):
             return
         if self.cfg.snapshot_fork and hasattr(os, "fork"):
             if time.monotonic() >= self._snap_retry_at:
