@@ -54,9 +54,9 @@ class LoadResult:
 
     def longest_gap_ms(self, start: float, end: float) -> float:
         """Longest interval in [start, end] without a completed operation."""
-        times = sorted(t for t in self.completions if start <= t <= end)
-        points = [start, *times, end]
-        return max((b - a) * 1000 for a, b in zip(points, points[1:])) if len(points) > 1 else 0.0
+        from jepsen_like.plots import longest_gap
+
+        return longest_gap(self.completions, start, end) * 1000
 
 
 async def run_load(

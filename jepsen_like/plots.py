@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .history import INVOKE, Op
 
-__all__ = ["op_points", "rates", "stalls", "write_plots"]
+__all__ = ["longest_gap", "op_points", "rates", "stalls", "write_plots"]
 
 
 def op_points(history: Sequence[Op]) -> list[tuple[float, float, str, str]]:
@@ -46,12 +46,15 @@ def rates(history: Sequence[Op], bucket_s: float = 0.5) -> dict[tuple[str, str],
     return {key: [(b * bucket_s, c.get(b, 0) / bucket_s) for b in range(buckets)] for key, c in counts.items()}
 
 
+def longest_gap(times: Sequence[float], start: float, end: float) -> float:
+    """The longest interval in [start, end] that holds none of ``times``."""
+    points = [start, *sorted(t for t in times if start <= t <= end), end]
+    return max((b - a for a, b in zip(points, points[1:])), default=end - start)
+
+
 def stalls(history: Sequence[Op], start: float, end: float) -> float:
     """The longest time (s) in [start, end] without a successful completion."""
-    times = sorted(t + lat / 1000.0 for t, lat, _f, typ in op_points(history) if typ == "ok")
-    times = [t for t in times if start <= t <= end]
-    points = [start, *times, end]
-    return max((b - a for a, b in zip(points, points[1:])), default=end - start)
+    return longest_gap([t + lat / 1000.0 for t, lat, _f, typ in op_points(history) if typ == "ok"], start, end)
 
 
 _COLORS = {"partition": "#f4a3a3", "kill": "#a3b8f4", "pause": "#f4dca3", "clock": "#c8a3f4", "disk": "#a3f4c4"}
