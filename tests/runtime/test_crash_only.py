@@ -231,11 +231,11 @@ async def test_a_fetched_snapshot_is_installed_then_stored_then_compacted_with_t
     release_store = threading.Event()
     real_write = node_mod.write_snapshot
 
-    def write_snapshot(directory, snap, keep):
+    def write_snapshot(directory, snap, keep, image=None):
         events.append("store")
         stored.set()
         release_store.wait(WAIT_S)  # the loop keeps running meanwhile
-        return real_write(directory, snap, keep=keep)
+        return real_write(directory, snap, keep=keep, image=image)
 
     monkeypatch.setattr(node_mod, "write_snapshot", write_snapshot)
     for name in ("install_snapshot", "compact", "ready", "tick", "step", "propose"):
@@ -285,7 +285,7 @@ async def test_a_failed_store_after_install_stops_the_node(tmp_path, monkeypatch
     node = lagging_node(tmp_path)
     await node.start()
 
-    def write_snapshot(directory, snap, keep):
+    def write_snapshot(directory, snap, keep, image=None):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(node_mod, "write_snapshot", write_snapshot)
