@@ -38,8 +38,10 @@ def majority(n: int) -> int:
 class ProtocolConfig:
     """Everything a replica needs to know about the cluster and its timers.
 
-    ``peer_order[r]`` lists r's peers nearest first; thrifty messaging sends accepts to
-    the first ``majority - 1`` of them and the rest only on resend.
+    ``peer_order[r]`` is r's prior order of its peers (ring order unless given): thrifty
+    messaging sends accepts to the first ``majority - 1`` peers of r's *measured* order
+    (``consensus.core.nearness``), which starts as this one and follows the round trips
+    r measures with probes every ``heartbeat_ticks`` when ``measure_rtt``.
     """
 
     n: int
@@ -76,6 +78,9 @@ class ProtocolConfig:
     straggler_strikes: int = 3
     straggler_cooldown_ticks: int = 1000
     peer_order: tuple[tuple[int, ...], ...] = field(default=())
+    # Probe every peer every heartbeat_ticks and order peers by the measured round trips.
+    # Off only where delivery times mean nothing (the explorer picks every delivery).
+    measure_rtt: bool = True
 
     def __post_init__(self) -> None:
         if not 3 <= self.n <= MAX_REPLICAS or self.n % 2 == 0:

@@ -308,6 +308,22 @@ class Pong(Message):
     tick: int
 
 
+@_message(50, _INT, _INT)
+class Probe(Message):
+    """How near are you? ``stamp`` is the sender's tick (``consensus.core.nearness``)."""
+
+    view: int
+    stamp: int
+
+
+@_message(51, _INT, _INT)
+class Echo(Message):
+    """The answer to a ``Probe``, sent at once, with its ``stamp``."""
+
+    view: int
+    stamp: int
+
+
 @_message(44, _INT, _INT, _ANY)
 class RRequest(Message):
     """Read of ``key``: which slot must I execute through? (paper §3.5)"""

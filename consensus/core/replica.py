@@ -41,7 +41,8 @@ from typing import Any
 
 from .config import ProtocolConfig
 from .executor import Executor
-from .messages import Message, Ping
+from .messages import Echo, Message, Ping, Probe
+from .nearness import Nearness
 from .ready import Executed, Ready, Reply
 from .statemachine import StateMachine
 from .views import NEWER, STALE, ViewGate
@@ -49,8 +50,6 @@ from .views import NEWER, STALE, ViewGate
 
 # Ping.tick value of a plain liveness ping (not a sequencer heartbeat or a notice).
 ALIVE = -2
-# A peer judged slow is retried in quorums after this long without evidence.
-SLOW_PEER_MEMORY_TICKS = 500
 # Most commands a replica remembers it owes an answer (bounds memory).
 ANSWERS_MAX = 1 << 20
 
@@ -94,10 +93,8 @@ class ReplicaBase:
         self.gate = ViewGate(node_id, cfg.initial_view, 0)
         # Tick we last heard anything from each peer (failure suspicion).
         self.heard = [0] * cfg.n
-        # Ack delays per peer, in ticks: best ever, moving average, last sample.
-        self._ack_best = [1 << 30] * cfg.n
-        self._ack_ewma = [0.0] * cfg.n
-        self._ack_seen = [-1] * cfg.n
+        # Round trips to each peer, measured here, and the order we ask peers in.
+        self.near = Nearness(node_id, cfg.n, cfg.peer_order[node_id])
         self._snapshot_from: int | None = None  # Ready.snapshot_from, one-shot
         self._token = 0  # Ready.token of the last Ready that had records
         self._durable_token = 0  # every Ready up to this one is durable (persisted())
@@ -166,6 +163,8 @@ class ReplicaBase:
             # "I am alive" (tick -2): lets peers pick live thrifty quorums and suspect
             # dead command leaders; lazy, so it rides on other traffic when there is any.
             self.broadcast(Ping(self.view, ALIVE), lazy=True)
+            if self.cfg.measure_rtt:
+                self.broadcast(Probe(self.view, self.now))  # how near is each peer?
         for dst, msgs in self._lazy.items():
             if msgs:
                 self._out.setdefault(dst, []).extend(msgs)
@@ -235,6 +234,12 @@ class ReplicaBase:
 
     _handlers: dict[type, Any] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every protocol answers probes and learns from echoes the same way.
+        super().__init_subclass__(**kwargs)
+        cls._handlers[Probe] = ReplicaBase._on_probe
+        cls._handlers[Echo] = ReplicaBase._on_echo
+
     def send(self, dst: int, msg: Message, lazy: bool = False) -> None:
         (self._lazy if lazy else self._out).setdefault(dst, []).append(msg)
 
@@ -249,25 +254,27 @@ class ReplicaBase:
 
     def note_ack_delay(self, peer: int, ticks: int) -> None:
         """An accept we sent ``peer`` was acked after ``ticks`` (slow-peer detection)."""
-        if ticks < self._ack_best[peer]:
-            self._ack_best[peer] = ticks
-        self._ack_ewma[peer] = (3 * self._ack_ewma[peer] + ticks) / 4 if self._ack_seen[peer] >= 0 else float(ticks)
-        self._ack_seen[peer] = self.now
-
-    def slow(self, peer: int) -> bool:
-        """Acks from ``peer`` lately take far longer than its best (a straggler)."""
-        seen = self._ack_seen[peer]
-        if seen < 0 or self.now - seen > SLOW_PEER_MEMORY_TICKS:
-            return False  # no recent evidence: give it another chance
-        return self._ack_ewma[peer] > 3 * self._ack_best[peer] + 2
+        self.near.ack(peer, ticks, self.now)
 
     def live_peers(self) -> list[int]:
-        """Peers nearest first: healthy ones, then slow ones, then suspected ones."""
-        peers = self.cfg.peer_order[self.id]
-        good, slow, dead = [], [], []
-        for p in peers:
-            (dead if self.suspected(p) else slow if self.slow(p) else good).append(p)
+        """Peers nearest first (as measured here, ``consensus.core.nearness``): healthy
+        ones, then slow ones, then suspected ones."""
+        alive, dead = [], []
+        for p in self.near.order:
+            (dead if self.suspected(p) else alive).append(p)
+        near, now = self.near, self.now
+        good, slow = [], []
+        for p in alive:
+            (slow if near.slow(p, now, alive) else good).append(p)
         return good + slow + dead
+
+    def _on_probe(self, src: int, m: Probe) -> None:
+        self.send(src, Echo(self.view, m.stamp))  # at once: the sample is the round trip
+
+    def _on_echo(self, src: int, m: Echo) -> None:
+        sample = self.now - m.stamp
+        if 0 <= m.stamp and 0 <= sample:  # not an echo of a probe from before a restart
+            self.near.echo(src, sample)
 
     def persist(self, record: list) -> None:
         self._persist.append(record)

@@ -1410,4 +1410,10 @@ class Node:
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
         st["snapshot_slot"] = self._snap_slot
         st["loop"] = self.loop_lag.status(time.monotonic())
+        # Peers in the order this replica asks them (nearest first) and the round trips
+        # it measured (ms, whole ticks; None: not yet), consensus.core.nearness.
+        near = replica.near
+        st["nearness"] = {"order": list(near.order), "live_order": replica.live_peers(),
+                          "rtt_ms": {str(p): (None if near.rtt[p] == float("inf") else round(near.rtt[p] * self.cfg.tick_ms, 1))
+                                     for p in near.order}}
         return st

@@ -67,7 +67,7 @@ from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
 from consensus.machines import machine_factory
 
-from .geo import peer_order, sites_for
+from .geo import sites_for
 from .disk import SimDisk
 from .network import SimNetwork
 
@@ -198,7 +198,6 @@ class Simulation:
             recovery_ticks=max(1, round(cfg.recovery_ms / tick)),
             straggler_window_ticks=max(1, round(cfg.straggler_window_ms / tick)),
             straggler_cooldown_ticks=max(1, round(cfg.straggler_cooldown_ms / tick)),
-            peer_order=peer_order(self.rtt_ms),
         )
         self.cls = PROTOCOLS[cfg.protocol]
         self.new_machine = machine_factory(cfg.machine, cfg.machine_config)  # draws nothing

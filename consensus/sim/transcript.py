@@ -433,7 +433,8 @@ class Cluster:
 
     def do_cluster(self, args: list, out: list) -> None:
         """cluster n=3 [protocol=sdpaxos|multipaxos] [heartbeat=2 election=10 lease=8 resend=6 recovery=4]
-        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1]: a fresh cluster (R0 serves view 0.0)."""
+        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1] [rtt=fixed|measure]: a fresh cluster
+        (R0 serves view 0.0); rtt=measure: replicas probe each other and order their peers by round trip."""
         kv, rest = self._kv(args)
         if rest:
             raise CommandError(f"unexpected {rest}")
@@ -452,12 +453,15 @@ class Cluster:
         peers = ()
         if "peers" in kv:
             peers = tuple(tuple(int(x) for x in g.split(",")) for g in kv.pop("peers").split("/"))
+        rtt = kv.pop("rtt", "fixed")  # fixed: peer_order as given; measure: probes and echoes
+        if rtt not in ("fixed", "measure"):
+            raise CommandError(f"rtt={rtt!r}: want fixed or measure")
         if kv:
             raise CommandError(f"unknown options {sorted(kv)}")
         self.pcfg = ProtocolConfig(
             n=n, heartbeat_ticks=timers["heartbeat"], election_ticks=timers["election"], lease_ticks=timers["lease"],
             resend_ticks=timers["resend"], recovery_ticks=timers["recovery"], thrifty=thrifty,
-            straggler_window_ticks=1 << 60, peer_order=peers)
+            straggler_window_ticks=1 << 60, peer_order=peers, measure_rtt=rtt == "measure")
         self.reps = [None] * n
         self.disks = [[] for _ in range(n)]
         self.incarnation = [0] * n
@@ -693,6 +697,19 @@ class Cluster:
                 out.append(f"R{r} down")
                 continue
             out.append(self._status_line(r, rep))
+
+    def do_near(self, args: list, out: list) -> None:
+        """near [R,..]: each replica's peers in the order it asks them (nearest first),
+        with the smoothed round trip it measured (ticks; ? = not yet measured)."""
+        rs = self._rids(args[0]) if args else range(self.n)
+        for r in rs:
+            rep = self.reps[r]
+            if rep is None:
+                out.append(f"R{r} down")
+                continue
+            rtt = rep.near.rtt
+            peers = ", ".join(f"R{p} {rtt[p]:g}" if rtt[p] != float("inf") else f"R{p} ?" for p in rep.near.order)
+            out.append(f"R{r} asks {peers}; thrifty quorum {rep.live_peers()[: rep.quorum - 1]}")
 
     def _status_line(self, r: int, rep: Any) -> str:
         if self.protocol != "sdpaxos":

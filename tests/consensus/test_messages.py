@@ -34,6 +34,8 @@ SAMPLES = [
     M.RReply(33, 7, 99),
     M.Handover(33, 2),
     M.Straggler(33, True),
+    M.Probe(33, 1234),
+    M.Echo(33, 1234),
 ]
 
 

@@ -33,7 +33,8 @@ def test_messages_wait_for_the_sync_of_their_records():
     assert sim.disks[1][-1][0] == "C" and disk.unsynced == 1, "written, not yet durable"
     assert len(disk.waiting) == 1 and sim.message_counts == {}, "the C-accept waits for the sync"
     sim.run(until_ms=1015)
-    assert sim.message_counts == {} and disk.unsynced == 1
+    # Only the other replicas' round-trip probes and echoes moved meanwhile.
+    assert set(sim.message_counts) <= {"Probe", "Echo"} and disk.unsynced == 1
     sim.run(until_ms=1025)
     assert disk.unsynced == 0 and not disk.waiting
     assert sim.message_counts.get("CAccept") == 1

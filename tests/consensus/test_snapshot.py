@@ -131,7 +131,8 @@ def test_restarted_replica_with_snapshot_keeps_working():
     floor = sim.snaps[1][0]["slot"]
     sim.run(until_ms=360)
     restarted = sim.nodes[1]
-    assert restarted.floor_slot == floor and restarted.exec_slot >= floor
+    # Restored from its snapshot (it may have taken a newer one since: every 10 slots).
+    assert restarted.floor_slot >= floor and restarted.exec_slot >= floor
     before = len(sim.latency_us[1])
     sim.run()
     assert_safe(sim)
@@ -200,14 +201,15 @@ def test_crecovery_does_not_replace_a_compacted_choice_with_a_noop():
     assert len(set(digests(sim).values())) == 1
 
 
-@pytest.mark.parametrize("seed,every", [(6, 5), (1, 20)])
+@pytest.mark.parametrize("seed,every", [(9, 5), (9, 20)])
 def test_candidate_behind_a_voters_floor_gets_no_vote(seed, every):
     """Replica 2 is isolated while 0 and 1 commit and compact; then the sequencer 0
     crashes as 2 comes back. 2 asks for votes from its old committed prefix: 1 has
     compacted past it and must not vote (its vote could not report those slots, and
     2 would fill them with no-cl); 2 installs 1's snapshot, then an election
-    succeeds. (With the VRequest guard removed, both seeds lose acknowledged
-    writes or diverge.)"""
+    succeeds. The vote rule itself is pinned by test_vote_rules.py (the mutant
+    vote-below-floor); these runs check the scenario end to end (seeds re-found when
+    replicas began probing each other's round trips, issue 15)."""
     cfg = SimConfig(
         replicas=3,
         rtt="lan",

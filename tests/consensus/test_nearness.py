@@ -1,0 +1,129 @@
+"""Each replica measures how near its peers are and asks the nearest (issue 15).
+
+``consensus.core.nearness``: probes every heartbeat, echoes at once, a smoothed round
+trip per peer, an order that changes by hysteresis, and a slow-peer rule that compares
+peers with each other. The golden transcript ``nearness-n3.txt`` shows one replica
+learning its order; here: the rules one by one, and the simulator, whose replicas now
+learn their order from any RTT matrix (no precomputed order), ending where the
+nearest-first order would put them and committing within the one-round-trip bound.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consensus.core.config import ProtocolConfig
+from consensus.core.nearness import INF, SLOW_PEER_MEMORY_TICKS, Nearness
+from consensus.sim.geo import peer_order
+from consensus.sim.simulator import SimConfig, Simulation
+
+
+def test_a_peer_moves_ahead_only_when_clearly_nearer():
+    near = Nearness(0, 4, (1, 2, 3))
+    assert near.order == [1, 2, 3] and near.rtt[1:] == [INF, INF, INF]
+    near.echo(3, 10)  # measured beats never measured
+    assert near.order == [3, 1, 2]
+    near.echo(2, 10)  # as near as 3 (within the margin): keeps its place behind it
+    assert near.order == [3, 2, 1]
+    near.echo(2, 9)  # 9.75 vs 10: inside max(0.5, 5 %) -- no swap
+    assert near.order == [3, 2, 1] and near.rtt[2] == 9.75
+    for _ in range(6):
+        near.echo(2, 5)
+    assert near.rtt[2] < 10 - 0.5 and near.order == [2, 3, 1]
+    near.echo(1, 100)
+    assert near.order == [2, 3, 1]
+
+
+def test_smoothing_absorbs_one_late_echo():
+    near = Nearness(0, 3, (1, 2))
+    for _ in range(8):
+        near.echo(1, 2)
+        near.echo(2, 6)
+    assert near.order == [1, 2]
+    near.echo(1, 12)  # one late echo: 2 -> 4.5, still clearly nearer than 6
+    assert near.order == [1, 2]
+
+
+def test_a_slowed_peer_stays_while_it_is_still_the_nearest():
+    near = Nearness(0, 3, (1, 2))
+    near.echo(1, 2)
+    near.echo(2, 20)
+    for _ in range(4):
+        near.ack(1, 2, now=10)
+    for _ in range(6):
+        near.ack(1, 12, now=20)  # five times its best ...
+    assert near.ack_ewma[1] > 3 * near.ack_best[1] + 2
+    assert not near.slow(1, 20, [1, 2])  # ... but R2 would take 20: R1 stays
+    for _ in range(6):
+        near.ack(1, 40, now=30)
+    assert near.slow(1, 30, [1, 2])  # now asking R2 is faster
+    assert not near.slow(1, 30 + SLOW_PEER_MEMORY_TICKS + 1, [1, 2])  # old evidence: retried
+
+
+def test_the_default_config_measures():
+    cfg = ProtocolConfig(n=3)
+    assert cfg.measure_rtt and cfg.peer_order == ((1, 2), (2, 0), (0, 1))
+
+
+def _sim(matrix: list[list[float]], seed: int, clients: int, seconds: float) -> Simulation:
+    regions = [f"S{i}" for i in range(len(matrix))]
+    doc = {"regions": regions, "rtt_ms": {a: {b: matrix[i][j] for j, b in enumerate(regions)} for i, a in enumerate(regions)}}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(doc, f)
+    try:
+        cfg = SimConfig(replicas=len(matrix), rtt="geo", rtt_file=f.name, clients_per_site=clients, seconds=seconds, seed=seed)
+        return Simulation(cfg).run()
+    finally:
+        Path(f.name).unlink()
+
+
+def _round_trips(matrix):
+    n = len(matrix)
+    return [[(matrix[a][b] + matrix[b][a]) / 2 if a != b else 0.0 for b in range(n)] for a in range(n)]
+
+
+# Round trips 20 ms or more apart in every row; ring order (the prior) is wrong for
+# every replica; one-way delays differ by direction (a->b 30 % more than b->a).
+_RTT = {(0, 1): 90, (0, 2): 50, (0, 3): 70, (0, 4): 150, (1, 2): 130, (1, 3): 30, (1, 4): 110,
+        (2, 3): 170, (2, 4): 10, (3, 4): 190}
+ASYMMETRIC = [[1.0 if a == b else _RTT[(a, b)] * 1.3 if a < b else _RTT[(b, a)] * 0.7 for b in range(5)]
+              for a in range(5)]
+
+
+def test_the_simulator_learns_the_nearest_first_order_and_commits_in_one_round_trip():
+    sim = _sim(ASYMMETRIC, seed=3, clients=2, seconds=4.0)
+    rtt = _round_trips(ASYMMETRIC)
+    want = peer_order(rtt)
+    assert [tuple(sim.nodes[r].near.order) for r in range(5)] == list(want)
+    assert all(tuple(sim.nodes[r].near.order) != sim.nodes[r].cfg.peer_order[r] for r in range(5))
+    report = sim.summary()
+    for r, site in enumerate(report["sites"].values()):
+        # One round trip to the nearest majority (the sequencer's own are ordered at once),
+        # plus the site's client hop: p50 within two ticks of that.
+        bound = sorted(rtt[r][p] for p in range(5) if p != r)[1] + ASYMMETRIC[r][r]
+        if r != 0:
+            bound = max(bound, rtt[r][0])  # the sequencer's O-accept comes from S0 (N=5)
+        assert site["p50_ms"] <= bound + 2 * sim.cfg.tick_ms, (r, site, bound)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(3, 5).filter(lambda n: n % 2 == 1).flatmap(
+    lambda n: st.lists(st.lists(st.integers(1, 40), min_size=n, max_size=n), min_size=n, max_size=n)),
+    st.integers(0, 1 << 16))
+def test_any_matrix_with_distinct_distances_is_learned(tens, seed):
+    """Round trips in whole multiples of 20 ms (two ticks) apart, any direction
+    asymmetric: every replica ends with the nearest-first order."""
+    n = len(tens)
+    matrix = [[20.0 * tens[a][b] if a != b else 1.0 for b in range(n)] for a in range(n)]
+    rtt = _round_trips(matrix)
+    for a in range(n):
+        others = sorted(rtt[a][b] for b in range(n) if b != a)
+        if any(y - x < 20 for x, y in zip(others, others[1:])):
+            return  # two peers within two ticks of each other: either order is right
+    sim = _sim(matrix, seed=seed, clients=0, seconds=3.0)
+    assert [tuple(sim.nodes[r].near.order) for r in range(n)] == list(peer_order(rtt))
