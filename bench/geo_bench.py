@@ -324,7 +324,7 @@ async def run_geo(*, replicas: int, protocols: tuple[str, ...], seconds: float, 
         "rtt_source": source, "rtt_ms": {a: {b: round(matrix[i][j], 4) for j, b in enumerate(names)}
                                          for i, a in enumerate(names)},
         "jitter": jitter, "seed": seed, "fsync": fsync, "value_bytes": 16, "peer_order": "not set (the runtime's own)",
-        "results": {},
+        "results": {}, "cpus": os.cpu_count(), "load_average_before": _loadavg(),
     }
     sims = {}
     for protocol in protocols:  # first, so that it does not compete with the measurement for CPU
@@ -363,7 +363,17 @@ async def run_geo(*, replicas: int, protocols: tuple[str, ...], seconds: float, 
             "sites": per_site, "proxies": real["proxies"],
             "sim_checks": {k: sim[k] for k in ("consistent", "agreement", "lost_acked", "duplicated", "trace_hash")},
         }
+    result["load_average_after"] = _loadavg()
     return result
+
+
+def _loadavg() -> list[float] | None:
+    """The machine's 1/5/15-minute load averages: other work shares the CPUs, and
+    latency on real processes moves with it."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _f(x: float | None) -> str:
@@ -374,7 +384,9 @@ def format_table(result: dict) -> str:
     jitter = f", jitter {result['jitter']:g}" if result["jitter"] else ""
     lines = [f"{result['replicas']} replicas ({', '.join(result['sites'])}), sequencer/leader {result['sequencer']}, "
              f"{result['clients_per_site']} closed-loop writers per site, {result['seconds']:g} s measured, "
-             f"RTT x{result['rtt_scale']:g}{jitter}, fsync={result['fsync']}, core {result['core_commit']}"]
+             f"RTT x{result['rtt_scale']:g}{jitter}, fsync={result['fsync']}, core {result['core_commit']}, "
+             f"{result.get('cpus')} CPUs, load average {_load(result.get('load_average_before'))} before, "
+             f"{_load(result.get('load_average_after'))} after"]
     for protocol, res in result["results"].items():
         lines.append("")
         lines.append(f"{protocol}  (ms)")
@@ -397,6 +409,10 @@ def format_table(result: dict) -> str:
                      f"p99 {px['lateness_ms_p99_worst']:.2f} ms and max {px['lateness_ms_max']:.2f} ms at the worst "
                      f"proxy; backpressure waits {px['backpressure_waits']}")
     return "\n".join(lines)
+
+
+def _load(avg: list[float] | None) -> str:
+    return f"{avg[0]:.1f}" if avg else "?"
 
 
 def _n(x: float | None, digits: int = 1) -> str:
