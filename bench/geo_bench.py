@@ -310,26 +310,46 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-async def run_geo(*, replicas: int, protocols: tuple[str, ...], seconds: float, warmup: float, clients_per_site: int,
-                  rtt_scale: float, rtt_file: str | None, jitter: float, seed: int, fsync: str, out_dir: str,
-                  keep: bool, say: Callable[[str], None], progress: Any) -> dict:
+def sim_seconds(seconds: float, rtt_scale: float, clients_per_site: int) -> float:
+    """Simulated seconds: as long as the measurement, but at most about 10 s of Table 1
+    round trips for 4 writers per site (the simulator's cost grows with the commits, so
+    with smaller RTTs and more writers; its latencies settle within a few round trips)."""
+    return round(min(seconds, max(0.5, 10.0 * rtt_scale * min(1.0, 4 / clients_per_site))), 3)
+
+
+def prepare(*, replicas: int, protocols: tuple[str, ...], seconds: float, warmup: float, clients_per_site: int,
+            rtt_scale: float, rtt_file: str | None, jitter: float, seed: int, fsync: str, out_dir: str,
+            say: Callable[[str], None]) -> tuple[dict, dict]:
+    """The result's header, the RTT table in ``out_dir`` and the simulator's figures
+    (before any process starts, outside the event loop: Ctrl-C interrupts it at once)."""
     names, matrix, source = geo_setting(replicas, rtt_file, rtt_scale)
     table_path = os.path.join(out_dir, "rtt-table.json")
     write_rtt_table(table_path, names, matrix, source, rtt_scale)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    simulated = sim_seconds(seconds, rtt_scale, clients_per_site)
     result: dict[str, Any] = {
         "experiment": "geo", "started_utc": started, "core_commit": core_commit(),
         "replicas": replicas, "sites": names, "sequencer": names[SEQUENCER], "protocols": list(protocols),
         "seconds": seconds, "warmup": warmup, "clients_per_site": clients_per_site, "rtt_scale": rtt_scale,
-        "rtt_source": source, "rtt_ms": {a: {b: round(matrix[i][j], 4) for j, b in enumerate(names)}
+        "rtt_source": source, "rtt_ms": {a: {b: round(matrix[i][j], 6) for j, b in enumerate(names)}
                                          for i, a in enumerate(names)},
         "jitter": jitter, "seed": seed, "fsync": fsync, "value_bytes": 16, "peer_order": "not set (the runtime's own)",
-        "results": {}, "cpus": os.cpu_count(), "load_average_before": _loadavg(),
+        "sim_seconds": simulated, "results": {}, "cpus": os.cpu_count(),
     }
     sims = {}
-    for protocol in protocols:  # first, so that it does not compete with the measurement for CPU
-        say(f"simulating {protocol}, {replicas} replicas, {seconds:g} s")
-        sims[protocol] = simulate(protocol, replicas, table_path, clients_per_site, seconds, jitter, seed)
+    for protocol in protocols:
+        say(f"simulating {protocol}, {replicas} replicas, {simulated:g} s")
+        sims[protocol] = simulate(protocol, replicas, table_path, clients_per_site, simulated, jitter, seed)
+    return result, sims
+
+
+async def run_geo(result: dict, sims: dict, *, keep: bool, say: Callable[[str], None], progress: Any) -> dict:
+    """Each protocol on real processes; fills ``result["results"]``."""
+    names, replicas, protocols = result["sites"], result["replicas"], result["protocols"]
+    matrix = [[result["rtt_ms"][a][b] for b in names] for a in names]
+    seconds, warmup, clients_per_site = result["seconds"], result["warmup"], result["clients_per_site"]
+    jitter, seed, fsync = result["jitter"], result["seed"], result["fsync"]
+    result["load_average_before"] = _loadavg()
     for protocol in protocols:
         root = tempfile.mkdtemp(prefix=f"cellar-bench-geo-{protocol}-")
         run = GeoRun(protocol, names, matrix, clients_per_site=clients_per_site, seconds=seconds, warmup=warmup,
@@ -383,7 +403,8 @@ def _f(x: float | None) -> str:
 def format_table(result: dict) -> str:
     jitter = f", jitter {result['jitter']:g}" if result["jitter"] else ""
     lines = [f"{result['replicas']} replicas ({', '.join(result['sites'])}), sequencer/leader {result['sequencer']}, "
-             f"{result['clients_per_site']} closed-loop writers per site, {result['seconds']:g} s measured, "
+             f"{result['clients_per_site']} closed-loop writers per site, {result['seconds']:g} s measured "
+             f"({result['sim_seconds']:g} s simulated), "
              f"RTT x{result['rtt_scale']:g}{jitter}, fsync={result['fsync']}, core {result['core_commit']}, "
              f"{result.get('cpus')} CPUs, load average {_load(result.get('load_average_before'))} before, "
              f"{_load(result.get('load_average_after'))} after"]
@@ -467,12 +488,15 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write_results(result: dict, out_dir: str) -> None:
+def write_results(result: dict, out_dir: str, say: Callable[[str], None]) -> None:
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
         f.write(summary_md(result))
-    plot(result, os.path.join(out_dir, "geo.png"))
+    try:
+        plot(result, os.path.join(out_dir, "geo.png"))
+    except ImportError:
+        say("no geo.png: the plot needs matplotlib (python3 -m pip install -e '.[bench]')")
 
 
 def main(*, replicas: int, protocols: tuple[str, ...], seconds: float, warmup: float, clients_per_site: int,
@@ -491,6 +515,7 @@ def main(*, replicas: int, protocols: tuple[str, ...], seconds: float, warmup: f
     except OSError as e:
         raise BenchError(f"cannot create {out_dir}: {e.strerror or e}") from None
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
+
     def say(msg: str) -> None:
         console.print(msg, markup=False, highlight=False)
 
@@ -503,20 +528,31 @@ def main(*, replicas: int, protocols: tuple[str, ...], seconds: float, warmup: f
         assert task is not None
         for sig in (signal.SIGINT, signal.SIGTERM):  # cancel; GeoRun.stop then stops every server
             loop.add_signal_handler(sig, task.cancel)
+
+        def quiet_cancel(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            # The load's inner gathers, cancelled with the run, are nobody's error.
+            if not isinstance(context.get("exception"), asyncio.CancelledError):
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(quiet_cancel)
         with progress:
-            return await run_geo(replicas=replicas, protocols=protocols, seconds=seconds, warmup=warmup,
-                                 clients_per_site=clients_per_site, rtt_scale=rtt_scale, rtt_file=rtt_file,
-                                 jitter=jitter, seed=seed, fsync=fsync, out_dir=out_dir, keep=keep, say=say,
-                                 progress=progress)
+            return await run_geo(result, sims, keep=keep, say=say, progress=progress)
 
     # asyncio's own loop, not uvloop (store.server.install_loop): the proxies' writers wake
     # on timers, and on this machine a chunk left a proxy later with uvloop (0.4-0.85 ms
     # after its due time on average, an echo through one proxy) than here (0.15-0.36 ms);
     # select() instead of epoll gained little more. Each result reports the lateness.
     tune_gc()
-    result = asyncio.run(body())
+    try:
+        result, sims = prepare(replicas=replicas, protocols=protocols, seconds=seconds, warmup=warmup,
+                               clients_per_site=clients_per_site, rtt_scale=rtt_scale, rtt_file=rtt_file,
+                               jitter=jitter, seed=seed, fsync=fsync, out_dir=out_dir, say=say)
+        result = asyncio.run(body())
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a run that did not finish leaves no folder
+        raise
     result["out_dir"] = out_dir
-    write_results(result, out_dir)
+    write_results(result, out_dir, say)
     say(f"results in {out_dir}")
     return result
 
