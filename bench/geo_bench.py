@@ -21,9 +21,16 @@ between them passes a delaying proxy (``bench.geo_proxy``, in this process):
 Each site runs ``--clients-per-site`` closed-loop writers (``bench.loadgen.run_load``,
 16-byte blind puts, keys of their own) through its own proxy only; a write's latency
 is from the call to the acknowledgement. After ``--warmup`` unmeasured seconds, all
-sites write at once for ``--seconds``. The simulator runs in this process first
-(``consensus.sim.simulator``, as ``cellar sim --rtt geo``: same sites, table, jitter,
-clients per site and seconds; no peer order is given to either).
+sites write at once for ``--seconds``. The simulator runs in this process first,
+before any replica starts (``consensus.sim.simulator``, as ``cellar sim --rtt geo``:
+same sites, table, jitter and clients per site; as many seconds, up to ~10 s of Table 1
+round trips, ``sim_seconds``). The bench sets no peer order, for the replicas or the
+simulator: each orders its peers as it does by itself.
+
+The proxies and the writers share this process's event loop, on ``select()``
+(``precise_loop``: microsecond timeouts where epoll and libuv round to milliseconds);
+each result reports how late the proxies wrote (``lateness_ms_*``), the fsync policy
+(the simulator's disk is instant) and the machine's load average.
 
 Bounds, per site s (local = the table's diagonal, the client's own round trip):
 
