@@ -98,7 +98,8 @@ class ProxyStats:
             "bytes_forward": self.bytes_forward, "bytes_back": self.bytes_back, "chunks": self.chunks,
             "lateness_ms_mean": round(self.lateness_ms_total / self.chunks, 3) if self.chunks else 0.0,
             "lateness_ms_p99": round(p99, 3), "lateness_ms_max": round(self.lateness_ms_max, 3),
-            "errors": self.errors, "backpressure_waits": self.backpressure_waits, "buffered_bytes_peak": self.buffered_bytes_peak,
+            "errors": self.errors, "backpressure_waits": self.backpressure_waits,
+            "buffered_bytes_peak": self.buffered_bytes_peak,
         }
 
 
