@@ -530,11 +530,13 @@ def kv_http(targets, sessions, binary_sessions, seconds, warmup, rounds, value_b
 
 
 class BenchGroup(click.Group):
-    """``cellar bench`` as before (its options, no subcommand), plus ``cellar bench kv-http``."""
+    """``cellar bench`` as before (its options, no subcommand), plus ``cellar bench kv-http`` and
+    ``cellar bench geo``."""
 
 
 def _bench_group() -> click.Group:
     from bench.cluster_bench import bench as cluster
+    from bench.geo_bench import geo
 
     @click.pass_context
     def callback(ctx: click.Context, **kwargs: Any) -> None:
@@ -543,9 +545,12 @@ def _bench_group() -> click.Group:
 
     group = BenchGroup("bench", params=list(cluster.params), callback=callback, invoke_without_command=True,
                        help=inspect.cleandoc(cluster.help or "") + "\n\n`cellar bench kv-http`: HTTP writes "
-                       "beside etcd's JSON gateway (see `cellar bench kv-http --help`).",
+                       "beside etcd's JSON gateway (see `cellar bench kv-http --help`).\n\n`cellar bench geo`: "
+                       "per-site commit latency behind wide-area delays, beside the simulator and the "
+                       "one-round-trip bound (see `cellar bench geo --help`).",
                        short_help=cluster.short_help)
     group.add_command(kv_http)
+    group.add_command(geo)
     return group
 
 

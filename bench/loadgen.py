@@ -68,12 +68,14 @@ async def run_load(
     read_fraction: float = 0.0,
     keys: int = 1000,
     seed: int = 1,
+    key_prefix: str = "",
     record_completions: bool = False,
     record_history: bool = False,
     on_progress=None,
 ) -> LoadResult:
     """``sessions`` closed-loop clients for ``seconds``; each writes its own keys (so the
-    last acknowledged value of each key is known) and reads random ones."""
+    last acknowledged value of each key is known) and reads random ones. Keys start
+    with ``key_prefix`` (several loads at once on one cluster, say one per site)."""
     result = LoadResult()
     value = "x" * max(0, value_bytes - 8)
     stop_at = time.monotonic() + seconds
@@ -91,10 +93,10 @@ async def run_load(
             t0 = time.perf_counter()
             read = bool(read_fraction) and rng.random() < read_fraction
             if read:
-                key = f"s{rng.randrange(sessions)}k{rng.randrange(keys)}"
+                key = f"{key_prefix}s{rng.randrange(sessions)}k{rng.randrange(keys)}"
                 val = None
             else:
-                key = f"s{idx}k{rng.randrange(keys)}"
+                key = f"{key_prefix}s{idx}k{rng.randrange(keys)}"
                 val = f"{n:08d}{value}"
                 n += 1
             try:

@@ -433,6 +433,11 @@ class LocalCluster:
     def peers_spec(self) -> str:
         return ",".join(f"{i}={self.hosts[i]}:{p}" for i, p in enumerate(self.peer_ports))
 
+    def peers_spec_for(self, i: int) -> str:
+        """Node ``i``'s ``--peers``: where it dials each peer (``peers_spec`` for every
+        node here; ``cellar bench geo`` points them at its delaying proxies)."""
+        return self.peers_spec
+
     @property
     def client_addresses(self) -> list[tuple[str, int]]:
         return [(self.hosts[i], p) for i, p in enumerate(self.client_ports)]
@@ -446,7 +451,7 @@ class LocalCluster:
         return os.path.join(self.root, f"node{i}")
 
     def command(self, i: int) -> list[str]:
-        return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec,
+        return [sys.executable, "-m", "store.cli", "serve", "--id", str(i), "--peers", self.peers_spec_for(i),
                 "--client", f"{self.hosts[i]}:{self.client_ports[i]}", "--data-dir", self.data_dir(i),
                 "--protocol", self.protocol, "--fsync", self.fsync, "--cluster-id", self.cluster_id,
                 "--ready-file", self._ready_file(i), "--exit-with-parent", str(os.getpid()),
