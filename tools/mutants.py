@@ -20,6 +20,8 @@ from pathlib import Path
 SDP = "consensus/core/sdpaxos.py"
 MP = "consensus/core/multipaxos.py"
 RULES = "consensus/core/rules.py"
+NEAR = "consensus/core/nearness.py"
+BASE = "consensus/core/replica.py"
 
 
 @dataclass(frozen=True)
@@ -621,6 +623,57 @@ MUTANTS: list[Mutant] = [
         description="a re-elected sequencer's durable prefix still covers the old view's slot objects; it counts its "
         "unsynced re-proposals in the majority",
     ),
+    # --- peer order (issue 15): liveness and latency rules, not safety ---------------
+    Mutant(
+        name="near-ignores-echoes",
+        file=NEAR,
+        old="""\
+        self.rtt[peer] = float(sample) if old == INF else (3 * old + sample) / 4
+        self._reorder()
+""",
+        new="""\
+        self.rtt[peer] = float(sample) if old == INF else (3 * old + sample) / 4
+""",
+        rule="issue 15: thrifty accepts go to the nearest peers as measured, not to a configured order",
+        description="echoes update the round trips but the order stays the prior (ring) order",
+    ),
+    Mutant(
+        name="near-no-hysteresis",
+        file=NEAR,
+        old="""\
+    return a + max(HYSTERESIS_TICKS, HYSTERESIS_FRACTION * b) < b
+""",
+        new="""\
+    return a < b
+""",
+        rule="issue 15: peers within the hysteresis margin keep their places (no quorum flapping)",
+        description="any smaller average moves a peer ahead, so near-equal peers swap on every sample",
+    ),
+    Mutant(
+        name="slow-ignores-alternatives",
+        file=NEAR,
+        old="""\
+        return _clearly_nearer(alternative, lag)
+""",
+        new="""\
+        return True
+""",
+        rule="issue 15: a peer is skipped as slow only when another healthy peer would answer sooner",
+        description="a slowed peer is demoted even when it is still nearer than every alternative",
+    ),
+    Mutant(
+        name="echo-from-before-restart",
+        file=BASE,
+        old="""\
+        if 0 <= m.stamp and 0 <= sample:  # not an echo of a probe from before a restart
+""",
+        new="""\
+        if True:
+""",
+        rule="issue 15: a sample is a round trip of this incarnation's probe (stamp <= now)",
+        description="an echo stamped ahead of our clock (a probe from before a restart) gives a negative sample",
+    ),
+
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}
