@@ -169,6 +169,9 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
     env["PYTHONPATH"] = str(copy)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(SUITES[suite])
+    # Hypothesis draws from --hypothesis-seed only when not derandomized (tests/conftest.py's
+    # default "ci" profile is): each run explores its own seed.
+    env["CELLAR_HYPOTHESIS"] = "explore"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_mutant_guard", "-rfE",
            f"--hypothesis-seed={seed}"]
     if not keep_going:
