@@ -25,7 +25,9 @@ async def check_acked(cellar: CellarClient, acked: dict) -> None:
     assert not wrong, f"{len(wrong)} acknowledged writes lost or stale, e.g. {list(wrong.items())[:3]}"
 
 
-@pytest.mark.parametrize("protocol,victim", [("sdpaxos", "sequencer"), ("sdpaxos", "other"), ("multipaxos", "sequencer")])
+# A non-sequencer kill is the mildest case: -m slow (the sequencer kills stay in the default suite).
+@pytest.mark.parametrize("protocol,victim", [("sdpaxos", "sequencer"), pytest.param("sdpaxos", "other", marks=pytest.mark.slow),
+                                             ("multipaxos", "sequencer")])
 async def test_kill_one_replica_under_load(make_cluster, protocol, victim):
     cluster = make_cluster(3, protocol=protocol)
     cluster.start_all()

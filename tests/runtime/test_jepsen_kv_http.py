@@ -31,7 +31,7 @@ SESSIONS = 24
 KEYS = 5
 KILL_AT_S = 4.0  # load before the fault
 DOWN_S = 2.0  # at least this long on two replicas, once they acknowledge writes again
-AFTER_S = 4.0  # load after the restarted replica serves again
+AFTER_S = 2.5  # load after the restarted replica serves again
 LOAD_MAX_S = 30.0  # the load's own deadline, should the nemesis never finish
 FINAL = 50_000_000  # process numbers of the final reads
 
