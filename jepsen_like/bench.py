@@ -7,7 +7,7 @@
 
 Every measurement runs in a fresh interpreter (``--one``), so the peak RSS it reports
 (``ru_maxrss``: interpreter, history and checker together) belongs to that check alone. The
-history is generated inside the child (``jepsen_like.gen``, deterministic per seed) and
+history is generated inside the child (``jepsen_like.synth``, deterministic per seed) and
 generation is not timed. Reported per run: the verdict, ``verdict s`` (time to the verdict),
 ``total s`` (including shrinking and explaining a violation), search steps, peak cache entries
 and peak RSS (the larger of the process and, with ``--workers``, its largest worker). Nothing here asserts a time: machines differ; the test suite asserts verdicts.
@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from .checker import check
-from .gen import generate_with_key, history_options
+from .synth import generate_with_key, history_options
 from .models import KV
 
 

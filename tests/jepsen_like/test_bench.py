@@ -12,7 +12,7 @@ import pytest
 
 from jepsen_like.bench import measure
 from jepsen_like.checker import check
-from jepsen_like.gen import generate, generate_with_key
+from jepsen_like.synth import generate, generate_with_key
 from jepsen_like.history import pair
 from jepsen_like.models import KV
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from jepsen_like.cli import check
-from jepsen_like.gen import generate
+from jepsen_like.synth import generate
 from jepsen_like.history import write_jsonl
 
 ETCD_OK = (

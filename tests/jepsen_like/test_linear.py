@@ -9,7 +9,7 @@ import pytest
 from jepsen_like.checker import UNKNOWN_VERDICT, check
 from jepsen_like.checker.bruteforce import brute_force, plain_wgl
 from jepsen_like.checker.linear import Search, compile_problem
-from jepsen_like.gen import generate
+from jepsen_like.synth import generate
 from jepsen_like.history import Op, pair
 from jepsen_like.models import GENERIC, KV, UNKNOWN, CASRegister, Model, ModelError, Register, Transition
 

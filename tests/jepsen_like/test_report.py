@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from jepsen_like.checker import check
-from jepsen_like.gen import generate
+from jepsen_like.synth import generate
 from jepsen_like.history import pair
 from jepsen_like.models import KV, Register
 from jepsen_like.report import render_html, write_report

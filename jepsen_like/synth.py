@@ -23,7 +23,7 @@ value overwritten by a write that completed before the read began (and never wri
 When values repeat (``cas``), the read returns a value nobody wrote instead. The history does
 not record which key; ``generate_with_key`` returns it.
 
-Run ``python -m jepsen_like.gen --help`` to write a history file.
+Run ``python -m jepsen_like.synth --help`` to write a history file.
 """
 
 from __future__ import annotations
