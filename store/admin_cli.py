@@ -145,7 +145,18 @@ def _row(st: dict) -> dict:
         "phase": st.get("phase"), "lease": st.get("lease"), "exec_slot": st.get("exec_slot"),
         "digest": (st.get("digest") or "")[:12], "connected": st.get("connected"),
         "loop_lag_max_ms_60s": (st.get("loop") or {}).get("lag_max_ms_60s"),
+        "nearness": st.get("nearness"), "asks": _asks(st.get("nearness")),
     }
+
+
+def _asks(near: dict | None) -> str | None:
+    """Peers in the order this replica asks them, with the round trips it measured:
+    ``0 (20 ms), 2 (50 ms)``."""
+    if not near:
+        return None
+    rtt = near.get("rtt_ms") or {}
+    return ", ".join(f"{p} ({'?' if rtt.get(str(p)) is None else f'{rtt[str(p)]:g} ms'})"
+                     for p in near.get("live_order") or [])
 
 
 @click.command("status")
@@ -163,9 +174,9 @@ async def status(endpoints: str, as_json: bool, timeout_s: float) -> int:
 
         table = Table(title="Cellar replicas")
         cols = ["endpoint", "id", "role", "view", "sequencer", "phase", "lease", "exec_slot", "digest", "connected",
-                "loop_lag_max_ms_60s"]
+                "loop_lag_max_ms_60s", "asks"]
         for c in cols:
-            table.add_column(c.replace("loop_lag_max_ms_60s", "lag ms (60 s)"))
+            table.add_column(c.replace("loop_lag_max_ms_60s", "lag ms (60 s)").replace("asks", "asks (round trip)"))
         for r in rows:
             if "error" in r:
                 table.add_row(r["endpoint"], "-", f"[red]{r['error']}[/red]", *[""] * (len(cols) - 3))
