@@ -91,7 +91,7 @@ class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
         "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
-        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio",
+        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
     )
 
     def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
@@ -117,6 +117,7 @@ class PCell:
         self.opp = 0
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
+        self.unpinned = self.oavail  # leaves below outside pinned cells (static)
         self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
@@ -292,6 +293,7 @@ class Cluster:
         c.children = [self._build_physical(s, chain, level - 1, c, node, c.in_pinned) for s in spec.children]
         if c.children:
             c.oavail = sum(ch.oavail for ch in c.children)  # pinned leaves below are not available
+            c.unpinned = c.oavail
         _static_lists(c, chain.info.node_level)
         return c
 
@@ -467,6 +469,36 @@ class Cluster:
             p.prio = prio
         _physical_up_many(pleaves, 1, opp, t)
 
+    def use_node(self, g: Group, vnode: VCell, pnode: PCell, prio: int, t: Touched) -> bool:
+        """``use_pod`` of a guaranteed pod holding every leaf of the unbound virtual node
+        cell ``vnode``, mapped cell by cell onto the same positions of ``pnode``'s
+        subtree (``MapPlan.full_node``), whose leaves are all unused, healthy and
+        unpinned: the same state, each cell of the two subtrees updated once rather than
+        once per leaf below it. False, changing nothing, when that does not hold."""
+        if vnode.pcell is not None or pnode.vcell is not None or pnode.oavail != pnode.leaves or \
+                prio == OPPORTUNISTIC_PRIORITY:
+            return False
+        self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
+        psub = pnode.sub
+        for i, x in enumerate(vnode.sub):
+            if i:
+                y = psub[i]
+                x.pcell = y
+                y.vcell = x
+                x.free -= x.leaves  # each cell below the node: all its leaves taken
+                y.used += y.leaves
+                y.oavail -= y.leaves
+        for v in vnode.leafs:
+            v.user = g
+            v.prio = prio
+        for p in pnode.leafs:
+            p.user = g
+            p.prio = prio
+        n = len(pnode.leafs)
+        _virtual_up(vnode, -n, t.v)
+        _physical_up(pnode, n, False, True, t)
+        return True
+
     def unuse_pod(self, pleaves: list[PCell | None], vleaves: list[VCell | None] | None, t: Touched) -> None:
         """``unuse_leaf`` for every tracked (not None) leaf of one pod, in bulk as
         ``use_pod``; leaf by leaf when its leaves are of mixed kinds."""
@@ -490,6 +522,8 @@ class Cluster:
                 if p is not None:
                     self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)
             return
+        if vl and len(vl) == len(pl) > 1 and self._unuse_node(pl, vl, t):
+            return
         if vl:
             for v in vl:
                 v.user = None
@@ -512,6 +546,39 @@ class Cluster:
             p.user = None
             p.prio = FREE_PRIORITY
         _physical_up_many(pl, -1, opp, t)
+
+    def _unuse_node(self, pl: list[PCell], vl: list[VCell], t: Touched) -> bool:
+        """The rest of ``unuse_pod`` for a guaranteed pod whose virtual leaves ``vl`` are
+        every leaf of one node cell and whose physical leaves ``pl`` (bound to them, so
+        every leaf of that cell's physical cell) are all healthy and unpinned: each cell
+        of the two subtrees updated once (as ``use_node``), the same state. False,
+        changing nothing, when that does not hold."""
+        vnode = vl[0]
+        while not vnode.nodeish and vnode.parent is not None:
+            vnode = vnode.parent
+        pnode = vnode.pcell
+        if vnode.leafs is None or len(vnode.leafs) != len(vl) or vnode.leafs != vl or pnode is None or \
+                pnode.bad or pnode.unpinned != pnode.leaves or pl[0].prio == OPPORTUNISTIC_PRIORITY:
+            return False
+        for v in vl:
+            v.user = None
+            v.prio = FREE_PRIORITY
+        for p in pl:
+            p.user = None
+            p.prio = FREE_PRIORITY
+        for x in vnode.sub[1:]:
+            x.free += x.leaves
+            p = x.pcell
+            x.pcell = None
+            p.vcell = None
+        for y in pnode.sub[1:]:
+            y.used -= y.leaves
+            y.oavail += y.leaves
+        n = len(vl)
+        _virtual_up(vnode, n, t.v)
+        self.unbind(vnode)  # the node cell and up, as ``unbind`` of its last leaf would
+        _physical_up(pnode, -n, False, True, t)
+        return True
 
     def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
         """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user

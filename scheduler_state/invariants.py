@@ -17,7 +17,7 @@ Checked:
    only the VC's own preassigned cells are bound on its behalf.
 4. **Buddy accounting**: the free lists hold exactly the maximal physical cells that no
    bound preassigned cell touches; their keys and every counter (free, used,
-   opportunistic, bad, available) and index match a recount from the leaves.
+   opportunistic, bad, available, unpinned) and index match a recount from the leaves.
 5. **VC safety**: the free lists can serve all unbound preassigned cells at once, so no
    VC's guaranteed requests can be blocked by others (checked per chain and level).
 6. **Pods** (``pods.py``): every tracked pod is in exactly one place -- one slot of an
@@ -232,18 +232,19 @@ def _maximal_free(top: PCell, out: list[PCell]) -> None:
 def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
     cl = m.cluster
 
-    def prec(c: PCell) -> tuple[int, int, int, int]:
+    def prec(c: PCell) -> tuple[int, int, int, int, int]:
         if c.level == 1:
             used = 1 if c.user is not None else 0
             opp = 1 if used and c.prio == OPPORTUNISTIC_PRIORITY else 0
             bad = 1 if c.node in cl.bad_nodes else 0
             avail = 1 if not used and not bad and not c.in_pinned else 0
-            r = (used, opp, bad, avail)
+            r = (used, opp, bad, avail, 0 if c.in_pinned else 1)
         else:
             sums = [prec(ch) for ch in c.children]
-            r = tuple(sum(x[i] for x in sums) for i in range(4))  # type: ignore[assignment]
-        if (c.used, c.opp, c.bad, c.oavail) != r:
-            _err(out, f"{c.addr}: counters (used, opp, bad, avail) {(c.used, c.opp, c.bad, c.oavail)}, recount {r}")
+            r = tuple(sum(x[i] for x in sums) for i in range(5))  # type: ignore[assignment]
+        if (c.used, c.opp, c.bad, c.oavail, c.unpinned) != r:
+            _err(out, f"{c.addr}: counters (used, opp, bad, avail, unpinned) "
+                      f"{(c.used, c.opp, c.bad, c.oavail, c.unpinned)}, recount {r}")
         return r
 
     def vrec(c: VCell) -> int:

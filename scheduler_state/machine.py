@@ -596,10 +596,20 @@ class SchedulerStateMachine:
         saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
         plan = MapPlan(cl, sugg)
         pplace: list[list[PCell]] = []
+        wholes: list[tuple[VCell, PCell] | None] = []  # per pod: its whole node cells, if mapped so
         failure = None
         for leaves in vplace:
+            whole = plan.full_node(leaves) if len(leaves) > 1 else None
+            if whole is not None:
+                pnode = whole[1]
+                if not pnode.bad and not pnode.used and (sugg is None or pnode.node in sugg):
+                    # every check below passes for each leaf: the node is healthy,
+                    # suggested (its leaves are on it) and unused
+                    pplace.append(list(pnode.leafs))
+                    wholes.append(whole)
+                    continue
+            fast = whole[1].leafs if whole is not None else None
             row = []
-            fast = plan.full_node(leaves) if len(leaves) > 1 else None
             for i, v in enumerate(leaves):
                 p = fast[i] if fast is not None else plan.physical(v)
                 if p is None:
@@ -616,6 +626,7 @@ class SchedulerStateMachine:
             if failure is not None:
                 break
             pplace.append(row)
+            wholes.append(None)
         if failure is not None:
             for g, vl in reversed(saved):
                 self._unlazy(g, vl, t)
@@ -649,10 +660,14 @@ class SchedulerStateMachine:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
-        for k, vleaves, pleaves in zip(req.pods, vplace, pplace):
-            cl.use_pod(g, pleaves, prio, vleaves, t)
-            g.pods.append(Pod(k, [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)],
-                              list(pleaves), list(vleaves)))
+        for k, vleaves, pleaves, whole in zip(req.pods, vplace, pplace, wholes):
+            if whole is not None and cl.use_node(g, whole[0], whole[1], prio, t):
+                rtype = whole[0].root.ctype
+                devices = [(p.node, p.leaf_index, rtype) for p in pleaves]
+            else:
+                cl.use_pod(g, pleaves, prio, vleaves, t)
+                devices = [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)]
+            g.pods.append(Pod(k, devices, list(pleaves), list(vleaves)))
         cl.reindex(t)
         self._add_group(g)
         return _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])

@@ -414,14 +414,15 @@ class MapPlan:
         self.taken.add(p.id)
         return p
 
-    def full_node(self, leaves: list[VCell]) -> list[PCell] | None:
-        """The physical leaves for ``leaves`` when they are every leaf of one unbound,
-        unplanned virtual node cell whose physical cell is wholly unbound, untaken and
-        free of opportunistic users: then ``physical`` would pick, leaf after leaf,
-        each cell's first available child, i.e. the physical subtree cell by cell in
-        the same position. None when that does not hold (``physical`` leaf by leaf then
-        gives the same answer as ever: what this did, planning the node cell, is what
-        its first leaf would have done first)."""
+    def full_node(self, leaves: list[VCell]) -> tuple[VCell, PCell] | None:
+        """``(v, p)`` when ``leaves`` are every leaf of one unbound, unplanned virtual
+        node cell ``v`` whose physical cell ``p`` is wholly unbound, untaken and free of
+        opportunistic users: then ``physical`` would pick, leaf after leaf, each cell's
+        first available child, i.e. the physical subtree cell by cell in the same
+        position (``v.sub[i]`` maps to ``p.sub[i]``, so ``leaves`` to ``p.leafs``).
+        None when that does not hold (``physical`` leaf by leaf then gives the same
+        answer as ever: what this did, planning the node cell, is what its first leaf
+        would have done first)."""
         v = leaves[0]
         while not v.nodeish and v.parent is not None:
             v = v.parent
@@ -440,7 +441,7 @@ class MapPlan:
             if x is not v:
                 plan[x] = y
                 taken.add(y.id)
-        return p.leafs
+        return v, p
 
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
         """A free physical cell of ``level`` for an unbound preassigned cell: HiveD's

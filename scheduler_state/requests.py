@@ -23,7 +23,7 @@ as HiveD's YAML decoding ignores them. ``parse_request`` raises :class:`RequestE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -52,15 +52,18 @@ class Request:
     gang_release: bool
     ignore_suggested: bool
     suggested: tuple[str, ...] | None  # sorted, or None when not given
+    # Derived from ``members`` once (placement reads them several times per command).
+    pod_sizes: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    total: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pod_sizes", tuple(k for n, k in self.members for _ in range(n)))
+        object.__setattr__(self, "total", sum(n * k for n, k in self.members))
 
     @property
     def pods(self) -> list[int]:
-        """Leaf cells per pod, members expanded in order."""
-        return [k for n, k in self.members for _ in range(n)]
-
-    @property
-    def total(self) -> int:
-        return sum(n * k for n, k in self.members)
+        """Leaf cells per pod, members expanded in order (a new list each time)."""
+        return list(self.pod_sizes)
 
     @property
     def opportunistic(self) -> bool:
