@@ -479,15 +479,12 @@ class Cluster:
                 prio == OPPORTUNISTIC_PRIORITY:
             return False
         self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
-        psub = pnode.sub
-        for i, x in enumerate(vnode.sub):
-            if i:
-                y = psub[i]
-                x.pcell = y
-                y.vcell = x
-                x.free -= x.leaves  # each cell below the node: all its leaves taken
-                y.used += y.leaves
-                y.oavail -= y.leaves
+        for x, y in zip(vnode.sub[1:], pnode.sub[1:]):
+            x.pcell = y
+            y.vcell = x
+            x.free -= x.leaves  # each cell below the node: all its leaves taken
+            y.used += y.leaves
+            y.oavail -= y.leaves
         for v in vnode.leafs:
             v.user = g
             v.prio = prio
@@ -502,6 +499,8 @@ class Cluster:
     def unuse_pod(self, pleaves: list[PCell | None], vleaves: list[VCell | None] | None, t: Touched) -> None:
         """``unuse_leaf`` for every tracked (not None) leaf of one pod, in bulk as
         ``use_pod``; leaf by leaf when its leaves are of mixed kinds."""
+        if vleaves is not None and len(pleaves) > 1 and self._unuse_node(pleaves, vleaves, t):
+            return
         if vleaves is None:
             pl = [p for p in pleaves if p is not None]
             vl: list[VCell] = []
@@ -521,8 +520,6 @@ class Cluster:
             for i, p in enumerate(pleaves):
                 if p is not None:
                     self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)
-            return
-        if vl and len(vl) == len(pl) > 1 and self._unuse_node(pl, vl, t):
             return
         if vl:
             for v in vl:
@@ -547,25 +544,29 @@ class Cluster:
             p.prio = FREE_PRIORITY
         _physical_up_many(pl, -1, opp, t)
 
-    def _unuse_node(self, pl: list[PCell], vl: list[VCell], t: Touched) -> bool:
-        """The rest of ``unuse_pod`` for a guaranteed pod whose virtual leaves ``vl`` are
-        every leaf of one node cell and whose physical leaves ``pl`` (bound to them, so
-        every leaf of that cell's physical cell) are all healthy and unpinned: each cell
-        of the two subtrees updated once (as ``use_node``), the same state. False,
-        changing nothing, when that does not hold."""
+    def _unuse_node(self, pl: list[PCell | None], vl: list[VCell | None], t: Touched) -> bool:
+        """``unuse_pod`` of a guaranteed pod whose virtual leaves ``vl`` are every leaf
+        of one node cell and whose physical leaves ``pl`` (bound to them, so every leaf
+        of that cell's physical cell) are all healthy and unpinned: each cell of the two
+        subtrees updated once (as ``use_node``), the same state. False, changing
+        nothing, when that does not hold."""
         vnode = vl[0]
+        if vnode is None:
+            return False
         while not vnode.nodeish and vnode.parent is not None:
             vnode = vnode.parent
         pnode = vnode.pcell
-        if vnode.leafs is None or len(vnode.leafs) != len(vl) or vnode.leafs != vl or pnode is None or \
-                pnode.bad or pnode.unpinned != pnode.leaves or pl[0].prio == OPPORTUNISTIC_PRIORITY:
+        if vnode.leafs != vl or pnode is None or pnode.bad or pnode.unpinned != pnode.leaves or len(pl) != len(vl):
             return False
-        for v in vl:
-            v.user = None
-            v.prio = FREE_PRIORITY
         for p in pl:
-            p.user = None
-            p.prio = FREE_PRIORITY
+            if p is None or p.prio == OPPORTUNISTIC_PRIORITY:
+                return False
+        for v in vl:
+            v.user = None  # type: ignore[union-attr]
+            v.prio = FREE_PRIORITY  # type: ignore[union-attr]
+        for p in pl:
+            p.user = None  # type: ignore[union-attr]
+            p.prio = FREE_PRIORITY  # type: ignore[union-attr]
         for x in vnode.sub[1:]:
             x.free += x.leaves
             p = x.pcell

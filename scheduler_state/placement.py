@@ -154,11 +154,15 @@ class Placer:
         the index's counts are this placer's (nothing picked yet): the same choice, the
         keys already in (count, id) order."""
         node_ok = self.node_ok
-        keys = [key for key in index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
-                if node_ok(cells[key & ID_MASK])]
+        # Nodes that fail node_ok are dropped when first met rather than all filtered
+        # up front: the same choices (such a node is never chosen, and dropping it
+        # moves no other key), node_ok asked only of the nodes looked at.
+        keys = index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
         chosen = []
         for k in sizes:
             i = bisect_left(keys, k << ID_BITS)
+            while i < len(keys) and not node_ok(cells[keys[i] & ID_MASK]):
+                del keys[i]
             if i == len(keys):
                 return None
             key = keys.pop(i)
