@@ -11,7 +11,8 @@ Two recorded command streams on the benchmark's generated cluster
 
 Each stream is recorded once (commands only), then replayed ``--repeat`` times on a
 fresh machine; a command's cost is the smallest of its replays (the others lost time to
-the machine's other work), reported as mean and total per op. Replays must give the
+the machine's other work), reported as mean and percentiles per op. Times are CPU time
+(``time.thread_time_ns``: the machine is shared) with the replicas' collector settings. Replays must give the
 same results (the machine is deterministic); the script checks the final digest.
 
     PYTHONPATH=. python3 bench/scheduler_micro.py [--nodes 1024] [--ops 8000] [--repeat 3]
@@ -104,6 +105,7 @@ def replay(nodes: int, vcs: int, cmds: list[dict[str, Any]], repeat: int) -> tup
     for _ in range(repeat):
         m = SchedulerStateMachine(load_config(generate_config(nodes, vcs)))
         gc.collect()
+        gc.set_threshold(50_000, 50, 1000)  # the replicas' collector settings (store.server.tune_gc)
         times = []
         perf = time.thread_time_ns  # CPU time: the machine is shared
         apply = m.apply

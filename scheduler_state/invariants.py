@@ -27,7 +27,8 @@ Checked:
    at least one victim; its victims are exactly the allocated groups marked Being
    preempted by it (so a group is the victim of one preemptor at a time), and each
    victim holds some of the cells the Preempting group's plan will use (its
-   reservation is its victims' cells; no leaf is held twice, rule 1).
+   reservation is its victims' cells; no leaf is held twice, rule 1). A group's kept
+   bind info YAML (``Group.bind_yaml``, derived) is that of its pods' placements.
 7. **Virtual-cell health** (``health.py``, HiveD's doomed bad cells): every virtual cell
    bound with no leaf in use below it (other than a pinned cell) is a health binding,
    and every health binding is to a bad physical cell (doomed-bad bindings only to bad
@@ -293,6 +294,11 @@ def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
                     _err(out, f"group {name} slot {i}: pod {ref.uid} in state {ref.state}")
                 if i < len(g.pods) and g.pods[i].released:
                     _err(out, f"group {name} slot {i}: pod {ref.uid} holds a released pod slot")
+        if getattr(g, "bind_yaml", None) is not None:
+            from scheduler_state.pods import _members_lines, bind_info
+
+            if g.bind_yaml != _members_lines(bind_info(g, 0)["affinityGroupBindInfo"]):
+                _err(out, f"group {name}: its kept bind info YAML differs from its pods' placements")
         if g.preempted_by is not None:
             p = preemptors.get(g.preempted_by)
             if p is None or name not in p.victims:

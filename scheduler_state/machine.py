@@ -125,7 +125,8 @@ class Pod:
 class Group:
     """An allocated affinity group."""
 
-    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by")
+    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by",
+                 "bind_yaml")
 
     def __init__(self, req: Request, seq: int, chain: str) -> None:
         self.name = req.name
@@ -140,6 +141,9 @@ class Group:
         # group scheduled only at the group level.
         self.slots: list[Any] | None = None
         self.preempted_by: str | None = None  # a Preempting group waits for this one to go
+        # Derived, not state: the YAML of its pods' placements in HiveD's pod bind info,
+        # made at the first pod-level answer (pods.bind_info_yaml); its pods are fixed by then.
+        self.bind_yaml: str | None = None
 
     @property
     def opportunistic(self) -> bool:

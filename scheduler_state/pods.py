@@ -243,37 +243,66 @@ def bind_info(g: Group, slot: int) -> dict[str, Any]:
     }
 
 
-def annotations(info: dict[str, Any]) -> dict[str, str]:
-    """The annotations HiveD writes when it binds a pod (``NewBindingPod``)."""
+def annotations(info: dict[str, Any], g: Group | None = None) -> dict[str, str]:
+    """The annotations HiveD writes when it binds a pod (``NewBindingPod``); ``g``:
+    the group ``info`` is the bind info of (``bind_info(g, slot)``), if any."""
     return {
-        ANNOTATION_BIND_INFO: bind_info_yaml(info),
+        ANNOTATION_BIND_INFO: bind_info_yaml(info, g),
         ANNOTATION_ISOLATION: ",".join(str(i) for i in info["leafCellIsolation"]),
     }
 
 
-def bind_info_yaml(info: dict[str, Any]) -> str:
+def bind_info_yaml(info: dict[str, Any], g: Group | None = None) -> str:
     """``yaml.safe_dump(info, sort_keys=False, default_flow_style=False)`` of a
     ``bind_info`` result, the very same text: written line by line when every string in
     it has a context-free YAML form (``_yaml_str``), which is the rule (node names, cell
     types), else by PyYAML. PyYAML's emitter costs about a millisecond for one gang's
-    bind info, and every pod_schedule and pod_bind answer carries one."""
-    text = _bind_info_lines(info)
-    return text if text is not None else yaml.safe_dump(info, sort_keys=False, default_flow_style=False)
+    bind info, and every pod_schedule and pod_bind answer carries one.
+
+    With ``g`` (``info`` is ``bind_info(g, slot)``), the text of the group's part,
+    ``affinityGroupBindInfo``, the same for each of its pods, is kept on the group
+    (``Group.bind_yaml``): it is made of the group's pods' devices and leaf cell numbers,
+    fixed from the group's placement until it is deleted (a restore or a
+    reconfiguration builds new groups); the invariant checker compares it with a
+    fresh one."""
+    head = _bind_info_head(info)
+    if head is not None:
+        tail = g.bind_yaml if g is not None else None
+        if tail is None:
+            tail = _members_lines(info["affinityGroupBindInfo"])
+            if g is not None:
+                g.bind_yaml = tail
+        if tail is not None:
+            return head + tail
+    return yaml.safe_dump(info, sort_keys=False, default_flow_style=False)
 
 
 def _bind_info_lines(info: dict[str, Any]) -> str | None:
     """PyYAML's block style for ``bind_info``'s shape: a top mapping, sequences inside
     a mapping not indented, mappings inside a sequence item indented by two."""
+    head = _bind_info_head(info)
+    tail = _members_lines(info["affinityGroupBindInfo"])
+    return head + tail if head is not None and tail is not None else None
+
+
+def _bind_info_head(info: dict[str, Any]) -> str | None:
     node = _yaml_str(info["node"])
     chain = _yaml_str(info["cellChain"])
     leaves = info["leafCellIsolation"]
-    members = info["affinityGroupBindInfo"]
-    if node is None or chain is None or not leaves or not members:
+    if node is None or chain is None or not leaves:
         return None
     out = ["node: ", node, "\nleafCellIsolation:\n"]
     if not _ints(out, "- ", leaves):
         return None
     out += ["cellChain: ", chain, "\naffinityGroupBindInfo:\n"]
+    return "".join(out)
+
+
+def _members_lines(members: list[dict[str, Any]]) -> str | None:
+    """``affinityGroupBindInfo``'s items (``_bind_info_lines``)."""
+    if not members:
+        return None
+    out: list[str] = []
     for m in members:
         placements = m["podPlacements"]
         if not placements:
@@ -301,7 +330,7 @@ def _ints(out: list[str], prefix: str, values: list[Any]) -> bool:
     for i in values:
         if type(i) is not int:
             return False
-        out += [prefix, str(i), "\n"]  # PyYAML writes an int as str(int), plain
+    out.append("".join([f"{prefix}{i}\n" for i in values]))  # PyYAML writes an int as str(int), plain
     return True
 
 
@@ -341,7 +370,7 @@ def pod_view(m: SchedulerStateMachine, ref: PodRef) -> dict[str, Any]:
     g = m.groups[ref.group]
     info = bind_info(g, ref.slot)
     out.update(slot=ref.slot, node=info["node"], leaf_cells=info["leafCellIsolation"], bind_info=info,
-               annotations=annotations(info))
+               annotations=annotations(info, g))
     return out
 
 
