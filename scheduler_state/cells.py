@@ -180,7 +180,7 @@ class VScope:
     """A VC's virtual cells in one chain (non-pinned), or one pinned cell."""
 
     __slots__ = ("vc", "chain", "pinned_id", "roots", "nodes", "root_index", "node_index", "leaves", "free", "key",
-                 "node_leaves_max", "by_level")
+                 "node_leaves_max", "by_level", "unbound", "unused")
 
     def __init__(self, vc: str, chain: PChain, pinned_id: str | None) -> None:
         self.vc = vc
@@ -195,6 +195,12 @@ class VScope:
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
         self.node_leaves_max = 0
         self.by_level: dict[int, list[VCell]] | None = None  # roots per level (health.roots_at)
+        # Roots per level that are unbound, and that have no used leaf (unbound ones
+        # included): kept in step by bind/unbind and the free counts, so health's doomed
+        # rule reads them instead of scanning every root after every command; the
+        # invariant checker recounts them.
+        self.unbound = [0] * (chain.info.top_level + 1)
+        self.unused = [0] * (chain.info.top_level + 1)
 
     def max_node_leaves(self) -> int:
         return self.node_leaves_max
@@ -269,6 +275,8 @@ class Cluster:
                 for r in scope.roots:
                     r.ikey = ckey(r.free, r.id)
                     scope.root_index.add(r.ikey)
+                    scope.unbound[r.level] += r.pcell is None
+                    scope.unused[r.level] += 1
                 for c in scope.nodes:
                     if c.parent is not None:  # roots below node level are indexed as roots
                         c.ikey = ckey(c.free, c.id)
@@ -381,6 +389,7 @@ class Cluster:
         if v.parent is None:
             self.take_from_free(p)
             p.chain.demand[v.level] -= 1
+            v.scope.unbound[v.level] -= 1
         self.hbound[v] = None
 
     def health_unbind(self, v: VCell) -> None:
@@ -391,6 +400,7 @@ class Cluster:
         if v.parent is None:
             self.give_to_free(p)
             p.chain.demand[v.level] += 1
+            v.scope.unbound[v.level] += 1
         self.hbound.pop(v, None)
 
     # -- bindings and leaf usage (the only code that changes counters) ----------------
@@ -403,6 +413,7 @@ class Cluster:
             if v.parent is None:
                 self.take_from_free(p)
                 p.chain.demand[v.level] -= 1
+                v.scope.unbound[v.level] -= 1
                 return
             v = v.parent
             p = p.parent  # type: ignore[assignment]
@@ -422,6 +433,7 @@ class Cluster:
             if parent is None:
                 self.give_to_free(p)
                 p.chain.demand[v.level] += 1
+                v.scope.unbound[v.level] += 1
                 return
             if parent.parent is None and parent.scope.pinned_id is not None:
                 return
@@ -591,6 +603,7 @@ class Cluster:
             c.free += 1
             if c.parent is None:
                 c.scope.free += 1
+                _root_free_moved(c, 1)
                 t.v[c] = None
             elif c.nodeish:
                 t.v[c] = None
@@ -621,6 +634,7 @@ class Cluster:
             c.free -= 1
             if c.parent is None:
                 c.scope.free -= 1
+                _root_free_moved(c, -1)
                 t.v[c] = None
             elif c.nodeish:
                 t.v[c] = None
@@ -717,11 +731,19 @@ def _virtual_up(c: VCell, d: int, tv: dict) -> None:
         parent = c.parent
         if parent is None:
             c.scope.free += d
+            _root_free_moved(c, d)
             tv[c] = None
             return
         if c.nodeish:
             tv[c] = None
         c = parent
+
+
+def _root_free_moved(r: VCell, d: int) -> None:
+    """Root ``r``'s free count just moved by ``d``: ``VScope.unused`` in step."""
+    now = r.free == r.leaves
+    if now is not (r.free - d == r.leaves):
+        r.scope.unused[r.level] += 1 if now else -1
 
 
 def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:

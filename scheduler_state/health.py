@@ -227,8 +227,10 @@ def _doom_chain(cl: Cluster, chain: PChain) -> bool:
             if not roots:
                 continue
             while True:
-                unbound = sum(1 for r in roots if r.pcell is None)
-                doomed = [r for r in roots if is_doomed(r)]
+                # the scope's counters say how many roots are unbound, and whether any
+                # bound one is unused (doomed): then only are the roots listed
+                unbound = scope.unbound[lvl]
+                doomed = [r for r in roots if is_doomed(r)] if scope.unused[lvl] > unbound else []
                 healthy = healthy_left(cl, chain, lvl, bad)
                 rel = next((r for r in doomed if not r.pcell.bad), None)  # type: ignore[union-attr]
                 if rel is None and doomed and unbound < healthy:

@@ -17,7 +17,8 @@ Checked:
    only the VC's own preassigned cells are bound on its behalf.
 4. **Buddy accounting**: the free lists hold exactly the maximal physical cells that no
    bound preassigned cell touches; their keys and every counter (free, used,
-   opportunistic, bad, available, unpinned) and index match a recount from the leaves.
+   opportunistic, bad, available, unpinned), every index and each scope's counts of
+   unbound and unused preassigned cells per level match a recount.
 5. **VC safety**: the free lists can serve all unbound preassigned cells at once, so no
    VC's guaranteed requests can be blocked by others (checked per chain and level).
 6. **Pods** (``pods.py``): every tracked pod is in exactly one place -- one slot of an
@@ -267,6 +268,14 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
         for scope in cl.scopes_of(vc):
             for r in scope.roots:
                 vrec(r)
+            unbound = [0] * len(scope.unbound)
+            unused = [0] * len(scope.unused)
+            for r in scope.roots:
+                unbound[r.level] += r.pcell is None
+                unused[r.level] += r.free == r.leaves
+            if (unbound, unused) != (scope.unbound, scope.unused):
+                _err(out, f"scope {scope.key}: roots unbound per level {unbound[1:]}, unused {unused[1:]}; "
+                          f"counters say {scope.unbound[1:]}, {scope.unused[1:]}")
             if scope.root_index.keys != sorted(ckey(r.free, r.id) for r in scope.roots):
                 _err(out, f"scope {scope.key}: root index out of date")
             if scope.node_index.keys != sorted(ckey(n.free, n.id) for n in scope.nodes):
