@@ -436,15 +436,13 @@ class MapPlan:
         if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
             return None
         taken = self.taken
-        psub = p.sub
-        for x in psub:
+        for x in p.sub:
             if x is not p and (x.vcell is not None or x.id in taken):
                 return None
-        plan = self.plan
-        for x, y in zip(v.sub, psub):
-            if x is not v:
-                plan[x] = y
-                taken.add(y.id)
+        # The cells below v and p are not entered in the plan: nothing looks them up.
+        # ``physical`` climbs from other pods' leaves, never under v (every leaf of v is
+        # this pod's), and picks children of planned or bound cells, never under p (p
+        # is planned for v alone); later full_node calls stop at p, which is taken.
         return v, p
 
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
