@@ -126,7 +126,7 @@ class Preemptor:
 def _ident(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise CommandError(f"{what} must be a non-empty string")
-    if len(v.encode()) > NAME_BYTES_MAX:
+    if len(v) > NAME_BYTES_MAX // 4 and len(v.encode()) > NAME_BYTES_MAX:  # (4 bytes a character at most)
         raise CommandError(f"{what} is longer than {NAME_BYTES_MAX} bytes")
     return v
 

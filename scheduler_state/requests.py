@@ -57,8 +57,14 @@ class Request:
     total: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pod_sizes", tuple(k for n, k in self.members for _ in range(n)))
-        object.__setattr__(self, "total", sum(n * k for n, k in self.members))
+        sizes: list[int] = []
+        total = 0
+        for n, k in self.members:
+            sizes += [k] * n
+            total += n * k
+        d = self.__dict__  # frozen: set once, here
+        d["pod_sizes"] = tuple(sizes)
+        d["total"] = total
 
     @property
     def pods(self) -> list[int]:
@@ -117,7 +123,7 @@ def _bool(spec: dict[str, Any], key: str, default: bool) -> bool:
 def _name(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise RequestError(f"{what} must be a non-empty string")
-    if len(v.encode()) > NAME_BYTES_MAX:
+    if len(v) > NAME_BYTES_MAX // 4 and len(v.encode()) > NAME_BYTES_MAX:  # (4 bytes a character at most)
         raise RequestError(f"{what} is longer than {NAME_BYTES_MAX} bytes")
     return v
 
