@@ -227,20 +227,28 @@ def bind_info(g: Group, slot: int) -> dict[str, Any]:
     """HiveD's ``PodBindInfo`` for the pod in ``slot`` of ``g``: its node and leaf cells,
     the chain, and every pod's placement grouped by leafCellNumber (ascending, as HiveD
     orders them), with the preassigned cell types used to find virtual cells again."""
-    pod = g.pods[slot]
     by_k: dict[int, list[dict[str, Any]]] = {}
     for p in g.pods:
+        devices = p.devices
         by_k.setdefault(p.k, []).append({
-            "physicalNode": p.devices[0][0] if p.devices else "",
-            "physicalLeafCellIndices": [idx for _, idx, _ in p.devices],
-            "preassignedCellTypes": [rtype or "" for _, _, rtype in p.devices],
+            "physicalNode": devices[0][0] if devices else "",
+            "physicalLeafCellIndices": [d[1] for d in devices],
+            "preassignedCellTypes": [d[2] or "" for d in devices],
         })
+    node, leaves = slot_devices(g, slot)
     return {
-        "node": pod.devices[0][0] if pod.devices else "",
-        "leafCellIsolation": [idx for _, idx, _ in pod.devices],
+        "node": node,
+        "leafCellIsolation": leaves,
         "cellChain": g.chain,
         "affinityGroupBindInfo": [{"podPlacements": by_k[k]} for k in sorted(by_k)],
     }
+
+
+def slot_devices(g: Group, slot: int) -> tuple[str, list[int]]:
+    """The node and leaf cell indices of the pod in ``slot`` (``bind_info``'s ``node``
+    and ``leafCellIsolation``)."""
+    devices = g.pods[slot].devices
+    return (devices[0][0] if devices else ""), [d[1] for d in devices]
 
 
 def annotations(info: dict[str, Any], g: Group | None = None) -> dict[str, str]:
@@ -869,10 +877,9 @@ def _what_if_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any
     if g is not None:
         _same_spec(g.req, req)
         slot = _free_slot(g, k)
-        info = bind_info(g, slot)
+        node, leaves = slot_devices(g, slot)  # (not the whole group's bind info: not answered)
         return {"ok": True, "group": g.name, "placeable": True, "victims": [], "changes_state": True,
-                "slot": slot, "node": info["node"], "leaf_cells": info["leafCellIsolation"],
-                "group_placed": False}
+                "slot": slot, "node": node, "leaf_cells": leaves, "group_placed": False}
     p = m.preemptors.get(req.name)
     if p is not None:
         _same_spec(p.req, req)
