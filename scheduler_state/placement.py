@@ -212,15 +212,15 @@ class Placer:
         leafs = c.leafs
         if leafs is not None and cnt(c) == len(leafs):
             # every leaf below c is available (each counts at most one): all of them,
-            # in the order the walk below would find them; each cell of c's subtree
-            # gets all its leaves picked, each ancestor len(leafs)
+            # in the order the walk below would find them; c and each ancestor get
+            # len(leafs) picked. The cells below c are left as they are: once c counts
+            # 0 no search of this placer goes below it (they all descend through cells
+            # that count more than 0, and a failed search picks nothing), so their
+            # counts are never read again.
             delta = self.delta
             get = delta.get
-            for x in c.sub:
-                xl = x.leafs
-                delta[x] = get(x, 0) + (len(xl) if xl is not None else 1)  # None: a leaf cell
             k = len(leafs)
-            a = c.parent
+            a = c
             while a is not None:
                 delta[a] = get(a, 0) + k
                 a = a.parent
