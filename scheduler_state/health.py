@@ -220,7 +220,8 @@ def _doom_chain(cl: Cluster, chain: PChain) -> bool:
         # No VC has more unbound cells of this level than all VCs together (the chain's
         # demand): with no doomed cell here and demand within the healthy free cells,
         # the rule has nothing to do at this level.
-        if lvl not in doomed_levels and chain.demand[lvl] <= total_left(chain, lvl) - len(bad[lvl]):
+        if lvl not in doomed_levels and (not chain.demand[lvl]  # (then healthy >= 0 = demand below)
+                                         or chain.demand[lvl] <= total_left(chain, lvl) - len(bad[lvl])):
             continue
         # healthy free cells of this level: they change only when a doomed binding is
         # made or released below, so they are counted again only then
