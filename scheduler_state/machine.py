@@ -591,6 +591,11 @@ class SchedulerStateMachine:
         victims: dict[str, Group] = {}
         lazy: dict[str, Group] = {}
         for leaves in vplace:
+            top = leaves[0]
+            while not top.nodeish and top.parent is not None:
+                top = top.parent
+            if top.free == top.leaves and top.leafs == leaves:
+                continue  # a whole node cell with no leaf in use: no user to look at
             for v in leaves:
                 u = v.user
                 if u is not None:
