@@ -19,7 +19,10 @@ Model (HiveD's, see ``pkg/algorithm`` in microsoft/hivedscheduler):
 - Counters kept incrementally (all are sums over a cell's leaves): virtual ``free``
   (leaves not used by the VC's guaranteed groups); physical ``used``, ``opp`` (used by
   opportunistic groups, the free-list ordering key), ``bad`` (on bad nodes) and
-  ``oavail`` (unused, healthy, outside pinned cells: what opportunistic groups may take).
+  ``oavail`` (unused, healthy, outside pinned cells: what opportunistic groups may take);
+  per scope and level, the preassigned cells that are unbound and that have no used
+  leaf (``VScope.unbound`` / ``unused``, read by ``health.py``). ``PCell.unpinned``
+  (leaves outside pinned cells) is static.
 - Sorted key indexes (:class:`KeyIndex`) over roots and node cells make placement
   choices ``min`` over canonical keys ``(count, id)``; ids are assigned in config order,
   so every decision depends on the logical state only, never on history or hashing.
