@@ -19,7 +19,10 @@ Model (HiveD's, see ``pkg/algorithm`` in microsoft/hivedscheduler):
 - Counters kept incrementally (all are sums over a cell's leaves): virtual ``free``
   (leaves not used by the VC's guaranteed groups); physical ``used``, ``opp`` (used by
   opportunistic groups, the free-list ordering key), ``bad`` (on bad nodes) and
-  ``oavail`` (unused, healthy, outside pinned cells: what opportunistic groups may take).
+  ``oavail`` (unused, healthy, outside pinned cells: what opportunistic groups may take);
+  per scope and level, the preassigned cells that are unbound and that have no used
+  leaf (``VScope.unbound`` / ``unused``, read by ``health.py``). ``PCell.unpinned``
+  (leaves outside pinned cells) is static.
 - Sorted key indexes (:class:`KeyIndex`) over roots and node cells make placement
   choices ``min`` over canonical keys ``(count, id)``; ids are assigned in config order,
   so every decision depends on the logical state only, never on history or hashing.
@@ -91,7 +94,7 @@ class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
         "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
-        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio",
+        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
     )
 
     def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
@@ -117,6 +120,7 @@ class PCell:
         self.opp = 0
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
+        self.unpinned = self.oavail  # leaves below outside pinned cells (static)
         self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
@@ -179,7 +183,7 @@ class VScope:
     """A VC's virtual cells in one chain (non-pinned), or one pinned cell."""
 
     __slots__ = ("vc", "chain", "pinned_id", "roots", "nodes", "root_index", "node_index", "leaves", "free", "key",
-                 "node_leaves_max", "by_level")
+                 "node_leaves_max", "by_level", "unbound", "unused")
 
     def __init__(self, vc: str, chain: PChain, pinned_id: str | None) -> None:
         self.vc = vc
@@ -194,6 +198,12 @@ class VScope:
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
         self.node_leaves_max = 0
         self.by_level: dict[int, list[VCell]] | None = None  # roots per level (health.roots_at)
+        # Roots per level that are unbound, and that have no used leaf (unbound ones
+        # included): kept in step by bind/unbind and the free counts, so health's doomed
+        # rule reads them instead of scanning every root after every command; the
+        # invariant checker recounts them.
+        self.unbound = [0] * (chain.info.top_level + 1)
+        self.unused = [0] * (chain.info.top_level + 1)
 
     def max_node_leaves(self) -> int:
         return self.node_leaves_max
@@ -268,6 +278,8 @@ class Cluster:
                 for r in scope.roots:
                     r.ikey = ckey(r.free, r.id)
                     scope.root_index.add(r.ikey)
+                    scope.unbound[r.level] += r.pcell is None
+                    scope.unused[r.level] += 1
                 for c in scope.nodes:
                     if c.parent is not None:  # roots below node level are indexed as roots
                         c.ikey = ckey(c.free, c.id)
@@ -292,6 +304,7 @@ class Cluster:
         c.children = [self._build_physical(s, chain, level - 1, c, node, c.in_pinned) for s in spec.children]
         if c.children:
             c.oavail = sum(ch.oavail for ch in c.children)  # pinned leaves below are not available
+            c.unpinned = c.oavail
         _static_lists(c, chain.info.node_level)
         return c
 
@@ -379,6 +392,7 @@ class Cluster:
         if v.parent is None:
             self.take_from_free(p)
             p.chain.demand[v.level] -= 1
+            v.scope.unbound[v.level] -= 1
         self.hbound[v] = None
 
     def health_unbind(self, v: VCell) -> None:
@@ -389,6 +403,7 @@ class Cluster:
         if v.parent is None:
             self.give_to_free(p)
             p.chain.demand[v.level] += 1
+            v.scope.unbound[v.level] += 1
         self.hbound.pop(v, None)
 
     # -- bindings and leaf usage (the only code that changes counters) ----------------
@@ -401,6 +416,7 @@ class Cluster:
             if v.parent is None:
                 self.take_from_free(p)
                 p.chain.demand[v.level] -= 1
+                v.scope.unbound[v.level] -= 1
                 return
             v = v.parent
             p = p.parent  # type: ignore[assignment]
@@ -420,6 +436,7 @@ class Cluster:
             if parent is None:
                 self.give_to_free(p)
                 p.chain.demand[v.level] += 1
+                v.scope.unbound[v.level] += 1
                 return
             if parent.parent is None and parent.scope.pinned_id is not None:
                 return
@@ -467,9 +484,38 @@ class Cluster:
             p.prio = prio
         _physical_up_many(pleaves, 1, opp, t)
 
+    def use_node(self, g: Group, vnode: VCell, pnode: PCell, prio: int, t: Touched) -> bool:
+        """``use_pod`` of a guaranteed pod holding every leaf of the unbound virtual node
+        cell ``vnode``, mapped cell by cell onto the same positions of ``pnode``'s
+        subtree (``MapPlan.full_node``), whose leaves are all unused, healthy and
+        unpinned: the same state, each cell of the two subtrees updated once rather than
+        once per leaf below it. False, changing nothing, when that does not hold."""
+        if vnode.pcell is not None or pnode.vcell is not None or pnode.oavail != pnode.leaves or \
+                prio == OPPORTUNISTIC_PRIORITY:
+            return False
+        self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
+        for x, y in zip(vnode.sub[1:], pnode.sub[1:]):
+            x.pcell = y
+            y.vcell = x
+            x.free -= x.leaves  # each cell below the node: all its leaves taken
+            y.used += y.leaves
+            y.oavail -= y.leaves
+        for v in vnode.leafs:
+            v.user = g
+            v.prio = prio
+        for p in pnode.leafs:
+            p.user = g
+            p.prio = prio
+        n = len(pnode.leafs)
+        _virtual_up(vnode, -n, t.v)
+        _physical_up(pnode, n, False, True, t)
+        return True
+
     def unuse_pod(self, pleaves: list[PCell | None], vleaves: list[VCell | None] | None, t: Touched) -> None:
         """``unuse_leaf`` for every tracked (not None) leaf of one pod, in bulk as
         ``use_pod``; leaf by leaf when its leaves are of mixed kinds."""
+        if vleaves is not None and len(pleaves) > 1 and self._unuse_node(pleaves, vleaves, t):
+            return
         if vleaves is None:
             pl = [p for p in pleaves if p is not None]
             vl: list[VCell] = []
@@ -513,6 +559,43 @@ class Cluster:
             p.prio = FREE_PRIORITY
         _physical_up_many(pl, -1, opp, t)
 
+    def _unuse_node(self, pl: list[PCell | None], vl: list[VCell | None], t: Touched) -> bool:
+        """``unuse_pod`` of a guaranteed pod whose virtual leaves ``vl`` are every leaf
+        of one node cell and whose physical leaves ``pl`` (bound to them, so every leaf
+        of that cell's physical cell) are all healthy and unpinned: each cell of the two
+        subtrees updated once (as ``use_node``), the same state. False, changing
+        nothing, when that does not hold."""
+        vnode = vl[0]
+        if vnode is None:
+            return False
+        while not vnode.nodeish and vnode.parent is not None:
+            vnode = vnode.parent
+        pnode = vnode.pcell
+        if vnode.leafs != vl or pnode is None or pnode.bad or pnode.unpinned != pnode.leaves or len(pl) != len(vl):
+            return False
+        for p in pl:
+            if p is None or p.prio == OPPORTUNISTIC_PRIORITY:
+                return False
+        for v in vl:
+            v.user = None  # type: ignore[union-attr]
+            v.prio = FREE_PRIORITY  # type: ignore[union-attr]
+        for p in pl:
+            p.user = None  # type: ignore[union-attr]
+            p.prio = FREE_PRIORITY  # type: ignore[union-attr]
+        for x in vnode.sub[1:]:
+            x.free += x.leaves
+            p = x.pcell
+            x.pcell = None
+            p.vcell = None
+        for y in pnode.sub[1:]:
+            y.used -= y.leaves
+            y.oavail += y.leaves
+        n = len(vl)
+        _virtual_up(vnode, n, t.v)
+        self.unbind(vnode)  # the node cell and up, as ``unbind`` of its last leaf would
+        _physical_up(pnode, -n, False, True, t)
+        return True
+
     def demote_leaf(self, p: PCell, v: VCell, t: Touched) -> None:
         """Lazy preemption of one leaf: the group keeps ``p`` as an opportunistic user
         and gives its virtual leaf back to the VC."""
@@ -523,6 +606,7 @@ class Cluster:
             c.free += 1
             if c.parent is None:
                 c.scope.free += 1
+                _root_free_moved(c, 1)
                 t.v[c] = None
             elif c.nodeish:
                 t.v[c] = None
@@ -553,6 +637,7 @@ class Cluster:
             c.free -= 1
             if c.parent is None:
                 c.scope.free -= 1
+                _root_free_moved(c, -1)
                 t.v[c] = None
             elif c.nodeish:
                 t.v[c] = None
@@ -649,11 +734,19 @@ def _virtual_up(c: VCell, d: int, tv: dict) -> None:
         parent = c.parent
         if parent is None:
             c.scope.free += d
+            _root_free_moved(c, d)
             tv[c] = None
             return
         if c.nodeish:
             tv[c] = None
         c = parent
+
+
+def _root_free_moved(r: VCell, d: int) -> None:
+    """Root ``r``'s free count just moved by ``d``: ``VScope.unused`` in step."""
+    now = r.free == r.leaves
+    if now is not (r.free - d == r.leaves):
+        r.scope.unused[r.level] += 1 if now else -1
 
 
 def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:

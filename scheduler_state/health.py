@@ -175,9 +175,10 @@ def total_left(chain: PChain, lvl: int) -> int:
     """Cells of level ``lvl`` free or obtainable by splitting a free ancestor (HiveD's
     totalLeftCellNum)."""
     per = chain.info.leaves_per_level
+    free = chain.free
     total = 0
-    for big in range(lvl, chain.info.top_level + 1):
-        total += len(chain.free[big]) * (per[big - 1] // per[lvl - 1])
+    for big in range(lvl, len(free)):  # levels lvl .. top
+        total += len(free[big].keys) * (per[big - 1] // per[lvl - 1])
     return total
 
 
@@ -219,23 +220,30 @@ def _doom_chain(cl: Cluster, chain: PChain) -> bool:
         # No VC has more unbound cells of this level than all VCs together (the chain's
         # demand): with no doomed cell here and demand within the healthy free cells,
         # the rule has nothing to do at this level.
-        if lvl not in doomed_levels and (chain.demand[lvl] <= total_left(chain, lvl) - len(bad[lvl])
-                                         or chain.demand[lvl] <= healthy_left(cl, chain, lvl, bad)):
+        if lvl not in doomed_levels and (not chain.demand[lvl]  # (then healthy >= 0 = demand below)
+                                         or chain.demand[lvl] <= total_left(chain, lvl) - len(bad[lvl])):
+            continue
+        # healthy free cells of this level: they change only when a doomed binding is
+        # made or released below, so they are counted again only then
+        healthy = healthy_left(cl, chain, lvl, bad)
+        if lvl not in doomed_levels and chain.demand[lvl] <= healthy:
             continue
         for scope in scopes:
             roots = roots_at(scope, lvl)
             if not roots:
                 continue
             while True:
-                unbound = sum(1 for r in roots if r.pcell is None)
-                doomed = [r for r in roots if is_doomed(r)]
-                healthy = healthy_left(cl, chain, lvl, bad)
+                # the scope's counters say how many roots are unbound, and whether any
+                # bound one is unused (doomed): then only are the roots listed
+                unbound = scope.unbound[lvl]
+                doomed = [r for r in roots if is_doomed(r)] if scope.unused[lvl] > unbound else []
                 rel = next((r for r in doomed if not r.pcell.bad), None)  # type: ignore[union-attr]
                 if rel is None and doomed and unbound < healthy:
                     rel = doomed[0]
                 if rel is not None:
                     release_doomed(cl, rel)
                     changed = True
+                    healthy = healthy_left(cl, chain, lvl, bad)
                     continue
                 if unbound > healthy:
                     cand = doom_candidate(cl, chain, lvl, bad)
@@ -243,6 +251,7 @@ def _doom_chain(cl: Cluster, chain: PChain) -> bool:
                         break
                     doom(cl, next(r for r in roots if r.pcell is None), cand)
                     changed = True
+                    healthy = healthy_left(cl, chain, lvl, bad)
                     continue
                 break
     return changed

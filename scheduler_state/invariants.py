@@ -17,7 +17,8 @@ Checked:
    only the VC's own preassigned cells are bound on its behalf.
 4. **Buddy accounting**: the free lists hold exactly the maximal physical cells that no
    bound preassigned cell touches; their keys and every counter (free, used,
-   opportunistic, bad, available) and index match a recount from the leaves.
+   opportunistic, bad, available, unpinned), every index and each scope's counts of
+   unbound and unused preassigned cells per level match a recount.
 5. **VC safety**: the free lists can serve all unbound preassigned cells at once, so no
    VC's guaranteed requests can be blocked by others (checked per chain and level).
 6. **Pods** (``pods.py``): every tracked pod is in exactly one place -- one slot of an
@@ -27,7 +28,8 @@ Checked:
    at least one victim; its victims are exactly the allocated groups marked Being
    preempted by it (so a group is the victim of one preemptor at a time), and each
    victim holds some of the cells the Preempting group's plan will use (its
-   reservation is its victims' cells; no leaf is held twice, rule 1).
+   reservation is its victims' cells; no leaf is held twice, rule 1). A group's kept
+   bind info YAML (``Group.bind_yaml``, derived) is that of its pods' placements.
 7. **Virtual-cell health** (``health.py``, HiveD's doomed bad cells): every virtual cell
    bound with no leaf in use below it (other than a pinned cell) is a health binding,
    and every health binding is to a bad physical cell (doomed-bad bindings only to bad
@@ -232,18 +234,19 @@ def _maximal_free(top: PCell, out: list[PCell]) -> None:
 def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
     cl = m.cluster
 
-    def prec(c: PCell) -> tuple[int, int, int, int]:
+    def prec(c: PCell) -> tuple[int, int, int, int, int]:
         if c.level == 1:
             used = 1 if c.user is not None else 0
             opp = 1 if used and c.prio == OPPORTUNISTIC_PRIORITY else 0
             bad = 1 if c.node in cl.bad_nodes else 0
             avail = 1 if not used and not bad and not c.in_pinned else 0
-            r = (used, opp, bad, avail)
+            r = (used, opp, bad, avail, 0 if c.in_pinned else 1)
         else:
             sums = [prec(ch) for ch in c.children]
-            r = tuple(sum(x[i] for x in sums) for i in range(4))  # type: ignore[assignment]
-        if (c.used, c.opp, c.bad, c.oavail) != r:
-            _err(out, f"{c.addr}: counters (used, opp, bad, avail) {(c.used, c.opp, c.bad, c.oavail)}, recount {r}")
+            r = tuple(sum(x[i] for x in sums) for i in range(5))  # type: ignore[assignment]
+        if (c.used, c.opp, c.bad, c.oavail, c.unpinned) != r:
+            _err(out, f"{c.addr}: counters (used, opp, bad, avail, unpinned) "
+                      f"{(c.used, c.opp, c.bad, c.oavail, c.unpinned)}, recount {r}")
         return r
 
     def vrec(c: VCell) -> int:
@@ -265,6 +268,14 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
         for scope in cl.scopes_of(vc):
             for r in scope.roots:
                 vrec(r)
+            unbound = [0] * len(scope.unbound)
+            unused = [0] * len(scope.unused)
+            for r in scope.roots:
+                unbound[r.level] += r.pcell is None
+                unused[r.level] += r.free == r.leaves
+            if (unbound, unused) != (scope.unbound, scope.unused):
+                _err(out, f"scope {scope.key}: roots unbound per level {unbound[1:]}, unused {unused[1:]}; "
+                          f"counters say {scope.unbound[1:]}, {scope.unused[1:]}")
             if scope.root_index.keys != sorted(ckey(r.free, r.id) for r in scope.roots):
                 _err(out, f"scope {scope.key}: root index out of date")
             if scope.node_index.keys != sorted(ckey(n.free, n.id) for n in scope.nodes):
@@ -292,6 +303,11 @@ def _check_pods(m: SchedulerStateMachine, out: list[str]) -> None:
                     _err(out, f"group {name} slot {i}: pod {ref.uid} in state {ref.state}")
                 if i < len(g.pods) and g.pods[i].released:
                     _err(out, f"group {name} slot {i}: pod {ref.uid} holds a released pod slot")
+        if getattr(g, "bind_yaml", None) is not None:
+            from scheduler_state.pods import _members_lines, bind_info
+
+            if g.bind_yaml != _members_lines(bind_info(g, 0)["affinityGroupBindInfo"]):
+                _err(out, f"group {name}: its kept bind info YAML differs from its pods' placements")
         if g.preempted_by is not None:
             p = preemptors.get(g.preempted_by)
             if p is None or name not in p.victims:

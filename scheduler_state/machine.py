@@ -125,7 +125,8 @@ class Pod:
 class Group:
     """An allocated affinity group."""
 
-    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by")
+    __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by",
+                 "bind_yaml")
 
     def __init__(self, req: Request, seq: int, chain: str) -> None:
         self.name = req.name
@@ -140,6 +141,9 @@ class Group:
         # group scheduled only at the group level.
         self.slots: list[Any] | None = None
         self.preempted_by: str | None = None  # a Preempting group waits for this one to go
+        # Derived, not state: the YAML of its pods' placements in HiveD's pod bind info,
+        # made at the first pod-level answer (pods.bind_info_yaml); its pods are fixed by then.
+        self.bind_yaml: str | None = None
 
     @property
     def opportunistic(self) -> bool:
@@ -587,6 +591,11 @@ class SchedulerStateMachine:
         victims: dict[str, Group] = {}
         lazy: dict[str, Group] = {}
         for leaves in vplace:
+            top = leaves[0]
+            while not top.nodeish and top.parent is not None:
+                top = top.parent
+            if top.free == top.leaves and top.leafs == leaves:
+                continue  # a whole node cell with no leaf in use: no user to look at
             for v in leaves:
                 u = v.user
                 if u is not None:
@@ -596,10 +605,20 @@ class SchedulerStateMachine:
         saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
         plan = MapPlan(cl, sugg)
         pplace: list[list[PCell]] = []
+        wholes: list[tuple[VCell, PCell] | None] = []  # per pod: its whole node cells, if mapped so
         failure = None
         for leaves in vplace:
+            whole = plan.full_node(leaves) if len(leaves) > 1 else None
+            if whole is not None:
+                pnode = whole[1]
+                if not pnode.bad and not pnode.used and (sugg is None or pnode.node in sugg):
+                    # every check below passes for each leaf: the node is healthy,
+                    # suggested (its leaves are on it) and unused
+                    pplace.append(list(pnode.leafs))
+                    wholes.append(whole)
+                    continue
+            fast = whole[1].leafs if whole is not None else None
             row = []
-            fast = plan.full_node(leaves) if len(leaves) > 1 else None
             for i, v in enumerate(leaves):
                 p = fast[i] if fast is not None else plan.physical(v)
                 if p is None:
@@ -616,6 +635,7 @@ class SchedulerStateMachine:
             if failure is not None:
                 break
             pplace.append(row)
+            wholes.append(None)
         if failure is not None:
             for g, vl in reversed(saved):
                 self._unlazy(g, vl, t)
@@ -649,10 +669,14 @@ class SchedulerStateMachine:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
-        for k, vleaves, pleaves in zip(req.pods, vplace, pplace):
-            cl.use_pod(g, pleaves, prio, vleaves, t)
-            g.pods.append(Pod(k, [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)],
-                              list(pleaves), list(vleaves)))
+        for k, vleaves, pleaves, whole in zip(req.pods, vplace, pplace, wholes):
+            if whole is not None and cl.use_node(g, whole[0], whole[1], prio, t):
+                rtype = whole[0].root.ctype
+                devices = [(p.node, p.leaf_index, rtype) for p in pleaves]
+            else:
+                cl.use_pod(g, pleaves, prio, vleaves, t)
+                devices = [(p.node, p.leaf_index, v.root.ctype) for v, p in zip(vleaves, pleaves)]
+            g.pods.append(Pod(k, devices, list(pleaves), list(vleaves)))
         cl.reindex(t)
         self._add_group(g)
         return _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])

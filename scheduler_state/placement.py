@@ -154,11 +154,15 @@ class Placer:
         the index's counts are this placer's (nothing picked yet): the same choice, the
         keys already in (count, id) order."""
         node_ok = self.node_ok
-        keys = [key for key in index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
-                if node_ok(cells[key & ID_MASK])]
+        # Nodes that fail node_ok are dropped when first met rather than all filtered
+        # up front: the same choices (such a node is never chosen, and dropping it
+        # moves no other key), node_ok asked only of the nodes looked at.
+        keys = index_keys[bisect_left(index_keys, sizes[-1] << ID_BITS):]
         chosen = []
         for k in sizes:
             i = bisect_left(keys, k << ID_BITS)
+            while i < len(keys) and not node_ok(cells[keys[i] & ID_MASK]):
+                del keys[i]
             if i == len(keys):
                 return None
             key = keys.pop(i)
@@ -208,15 +212,15 @@ class Placer:
         leafs = c.leafs
         if leafs is not None and cnt(c) == len(leafs):
             # every leaf below c is available (each counts at most one): all of them,
-            # in the order the walk below would find them; each cell of c's subtree
-            # gets all its leaves picked, each ancestor len(leafs)
+            # in the order the walk below would find them; c and each ancestor get
+            # len(leafs) picked. The cells below c are left as they are: once c counts
+            # 0 no search of this placer goes below it (they all descend through cells
+            # that count more than 0, and a failed search picks nothing), so their
+            # counts are never read again.
             delta = self.delta
             get = delta.get
-            for x in c.sub:
-                xl = x.leafs
-                delta[x] = get(x, 0) + (len(xl) if xl is not None else 1)  # None: a leaf cell
             k = len(leafs)
-            a = c.parent
+            a = c
             while a is not None:
                 delta[a] = get(a, 0) + k
                 a = a.parent
@@ -414,14 +418,15 @@ class MapPlan:
         self.taken.add(p.id)
         return p
 
-    def full_node(self, leaves: list[VCell]) -> list[PCell] | None:
-        """The physical leaves for ``leaves`` when they are every leaf of one unbound,
-        unplanned virtual node cell whose physical cell is wholly unbound, untaken and
-        free of opportunistic users: then ``physical`` would pick, leaf after leaf,
-        each cell's first available child, i.e. the physical subtree cell by cell in
-        the same position. None when that does not hold (``physical`` leaf by leaf then
-        gives the same answer as ever: what this did, planning the node cell, is what
-        its first leaf would have done first)."""
+    def full_node(self, leaves: list[VCell]) -> tuple[VCell, PCell] | None:
+        """``(v, p)`` when ``leaves`` are every leaf of one unbound, unplanned virtual
+        node cell ``v`` whose physical cell ``p`` is wholly unbound, untaken and free of
+        opportunistic users: then ``physical`` would pick, leaf after leaf, each cell's
+        first available child, i.e. the physical subtree cell by cell in the same
+        position (``v.sub[i]`` maps to ``p.sub[i]``, so ``leaves`` to ``p.leafs``).
+        None when that does not hold (``physical`` leaf by leaf then gives the same
+        answer as ever: what this did, planning the node cell, is what its first leaf
+        would have done first)."""
         v = leaves[0]
         while not v.nodeish and v.parent is not None:
             v = v.parent
@@ -431,16 +436,14 @@ class MapPlan:
         if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
             return None
         taken = self.taken
-        psub = p.sub
-        for x in psub:
+        for x in p.sub:
             if x is not p and (x.vcell is not None or x.id in taken):
                 return None
-        plan = self.plan
-        for x, y in zip(v.sub, psub):
-            if x is not v:
-                plan[x] = y
-                taken.add(y.id)
-        return p.leafs
+        # The cells below v and p are not entered in the plan: nothing looks them up.
+        # ``physical`` climbs from other pods' leaves, never under v (every leaf of v is
+        # this pod's), and picks children of planned or bound cells, never under p (p
+        # is planned for v alone); later full_node calls stop at p, which is taken.
+        return v, p
 
     def _buddy(self, chain: PChain, level: int) -> PCell | None:
         """A free physical cell of ``level`` for an unbound preassigned cell: HiveD's

@@ -126,7 +126,7 @@ class Preemptor:
 def _ident(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise CommandError(f"{what} must be a non-empty string")
-    if len(v.encode()) > NAME_BYTES_MAX:
+    if len(v) > NAME_BYTES_MAX // 4 and len(v.encode()) > NAME_BYTES_MAX:  # (4 bytes a character at most)
         raise CommandError(f"{what} is longer than {NAME_BYTES_MAX} bytes")
     return v
 
@@ -227,28 +227,145 @@ def bind_info(g: Group, slot: int) -> dict[str, Any]:
     """HiveD's ``PodBindInfo`` for the pod in ``slot`` of ``g``: its node and leaf cells,
     the chain, and every pod's placement grouped by leafCellNumber (ascending, as HiveD
     orders them), with the preassigned cell types used to find virtual cells again."""
-    pod = g.pods[slot]
     by_k: dict[int, list[dict[str, Any]]] = {}
     for p in g.pods:
+        devices = p.devices
         by_k.setdefault(p.k, []).append({
-            "physicalNode": p.devices[0][0] if p.devices else "",
-            "physicalLeafCellIndices": [idx for _, idx, _ in p.devices],
-            "preassignedCellTypes": [rtype or "" for _, _, rtype in p.devices],
+            "physicalNode": devices[0][0] if devices else "",
+            "physicalLeafCellIndices": [d[1] for d in devices],
+            "preassignedCellTypes": [d[2] or "" for d in devices],
         })
+    node, leaves = slot_devices(g, slot)
     return {
-        "node": pod.devices[0][0] if pod.devices else "",
-        "leafCellIsolation": [idx for _, idx, _ in pod.devices],
+        "node": node,
+        "leafCellIsolation": leaves,
         "cellChain": g.chain,
         "affinityGroupBindInfo": [{"podPlacements": by_k[k]} for k in sorted(by_k)],
     }
 
 
-def annotations(info: dict[str, Any]) -> dict[str, str]:
-    """The annotations HiveD writes when it binds a pod (``NewBindingPod``)."""
+def slot_devices(g: Group, slot: int) -> tuple[str, list[int]]:
+    """The node and leaf cell indices of the pod in ``slot`` (``bind_info``'s ``node``
+    and ``leafCellIsolation``)."""
+    devices = g.pods[slot].devices
+    return (devices[0][0] if devices else ""), [d[1] for d in devices]
+
+
+def annotations(info: dict[str, Any], g: Group | None = None) -> dict[str, str]:
+    """The annotations HiveD writes when it binds a pod (``NewBindingPod``); ``g``:
+    the group ``info`` is the bind info of (``bind_info(g, slot)``), if any."""
     return {
-        ANNOTATION_BIND_INFO: yaml.safe_dump(info, sort_keys=False, default_flow_style=False),
+        ANNOTATION_BIND_INFO: bind_info_yaml(info, g),
         ANNOTATION_ISOLATION: ",".join(str(i) for i in info["leafCellIsolation"]),
     }
+
+
+def bind_info_yaml(info: dict[str, Any], g: Group | None = None) -> str:
+    """``yaml.safe_dump(info, sort_keys=False, default_flow_style=False)`` of a
+    ``bind_info`` result, the very same text: written line by line when every string in
+    it has a context-free YAML form (``_yaml_str``), which is the rule (node names, cell
+    types), else by PyYAML. PyYAML's emitter costs about a millisecond for one gang's
+    bind info, and every pod_schedule and pod_bind answer carries one.
+
+    With ``g`` (``info`` is ``bind_info(g, slot)``), the text of the group's part,
+    ``affinityGroupBindInfo``, the same for each of its pods, is kept on the group
+    (``Group.bind_yaml``): it is made of the group's pods' devices and leaf cell numbers,
+    fixed from the group's placement until it is deleted (a restore or a
+    reconfiguration builds new groups); the invariant checker compares it with a
+    fresh one."""
+    head = _bind_info_head(info)
+    if head is not None:
+        tail = g.bind_yaml if g is not None else None
+        if tail is None:
+            tail = _members_lines(info["affinityGroupBindInfo"])
+            if g is not None:
+                g.bind_yaml = tail
+        if tail is not None:
+            return head + tail
+    return yaml.safe_dump(info, sort_keys=False, default_flow_style=False)
+
+
+def _bind_info_lines(info: dict[str, Any]) -> str | None:
+    """PyYAML's block style for ``bind_info``'s shape: a top mapping, sequences inside
+    a mapping not indented, mappings inside a sequence item indented by two."""
+    head = _bind_info_head(info)
+    tail = _members_lines(info["affinityGroupBindInfo"])
+    return head + tail if head is not None and tail is not None else None
+
+
+def _bind_info_head(info: dict[str, Any]) -> str | None:
+    node = _yaml_str(info["node"])
+    chain = _yaml_str(info["cellChain"])
+    leaves = info["leafCellIsolation"]
+    if node is None or chain is None or not leaves:
+        return None
+    out = ["node: ", node, "\nleafCellIsolation:\n"]
+    if not _ints(out, "- ", leaves):
+        return None
+    out += ["cellChain: ", chain, "\naffinityGroupBindInfo:\n"]
+    return "".join(out)
+
+
+def _members_lines(members: list[dict[str, Any]]) -> str | None:
+    """``affinityGroupBindInfo``'s items (``_bind_info_lines``)."""
+    if not members:
+        return None
+    out: list[str] = []
+    for m in members:
+        placements = m["podPlacements"]
+        if not placements:
+            return None
+        out.append("- podPlacements:\n")
+        for pp in placements:
+            pnode = _yaml_str(pp["physicalNode"])
+            idx = pp["physicalLeafCellIndices"]
+            types = pp["preassignedCellTypes"]
+            if pnode is None or not idx or not types:
+                return None
+            out += ["  - physicalNode: ", pnode, "\n    physicalLeafCellIndices:\n"]
+            if not _ints(out, "    - ", idx):
+                return None
+            out.append("    preassignedCellTypes:\n")
+            for t in types:
+                y = _yaml_str(t)
+                if y is None:
+                    return None
+                out += ["    - ", y, "\n"]
+    return "".join(out)
+
+
+def _ints(out: list[str], prefix: str, values: list[Any]) -> bool:
+    for i in values:
+        if type(i) is not int:
+            return False
+    out.append("".join([f"{prefix}{i}\n" for i in values]))  # PyYAML writes an int as str(int), plain
+    return True
+
+
+_YAML_STR: dict[Any, str | None] = {}  # a pure function's memo (not state): string -> _yaml_str
+_YAML_STR_MAX = 4096
+
+
+def _yaml_str(s: Any) -> str | None:
+    """How PyYAML writes the string ``s`` as a block sequence item or mapping value,
+    when that is the same wherever it stands: one line without spaces (PyYAML breaks
+    long lines only at spaces) and not double-quoted (which may break anywhere past the
+    80th column). None otherwise (or for a non-string): the caller falls back to PyYAML."""
+    try:
+        return _YAML_STR[s]
+    except (KeyError, TypeError):
+        pass
+    out = None
+    if type(s) is str:
+        text = yaml.safe_dump([s], default_flow_style=False)
+        if text.startswith("- ") and text.endswith("\n") and text.count("\n") == 1:
+            out = text[2:-1]
+            if not out or " " in out or out[0] == '"':
+                out = None
+        if len(_YAML_STR) >= _YAML_STR_MAX:
+            _YAML_STR.clear()
+        _YAML_STR[s] = out
+    return out
 
 
 def pod_view(m: SchedulerStateMachine, ref: PodRef) -> dict[str, Any]:
@@ -261,7 +378,7 @@ def pod_view(m: SchedulerStateMachine, ref: PodRef) -> dict[str, Any]:
     g = m.groups[ref.group]
     info = bind_info(g, ref.slot)
     out.update(slot=ref.slot, node=info["node"], leaf_cells=info["leafCellIsolation"], bind_info=info,
-               annotations=annotations(info))
+               annotations=annotations(info, g))
     return out
 
 
@@ -760,10 +877,9 @@ def _what_if_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any
     if g is not None:
         _same_spec(g.req, req)
         slot = _free_slot(g, k)
-        info = bind_info(g, slot)
+        node, leaves = slot_devices(g, slot)  # (not the whole group's bind info: not answered)
         return {"ok": True, "group": g.name, "placeable": True, "victims": [], "changes_state": True,
-                "slot": slot, "node": info["node"], "leaf_cells": info["leafCellIsolation"],
-                "group_placed": False}
+                "slot": slot, "node": node, "leaf_cells": leaves, "group_placed": False}
     p = m.preemptors.get(req.name)
     if p is not None:
         _same_spec(p.req, req)

@@ -23,7 +23,7 @@ as HiveD's YAML decoding ignores them. ``parse_request`` raises :class:`RequestE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -52,15 +52,24 @@ class Request:
     gang_release: bool
     ignore_suggested: bool
     suggested: tuple[str, ...] | None  # sorted, or None when not given
+    # Derived from ``members`` once (placement reads them several times per command).
+    pod_sizes: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    total: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes: list[int] = []
+        total = 0
+        for n, k in self.members:
+            sizes += [k] * n
+            total += n * k
+        d = self.__dict__  # frozen: set once, here
+        d["pod_sizes"] = tuple(sizes)
+        d["total"] = total
 
     @property
     def pods(self) -> list[int]:
-        """Leaf cells per pod, members expanded in order."""
-        return [k for n, k in self.members for _ in range(n)]
-
-    @property
-    def total(self) -> int:
-        return sum(n * k for n, k in self.members)
+        """Leaf cells per pod, members expanded in order (a new list each time)."""
+        return list(self.pod_sizes)
 
     @property
     def opportunistic(self) -> bool:
@@ -114,7 +123,7 @@ def _bool(spec: dict[str, Any], key: str, default: bool) -> bool:
 def _name(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise RequestError(f"{what} must be a non-empty string")
-    if len(v.encode()) > NAME_BYTES_MAX:
+    if len(v) > NAME_BYTES_MAX // 4 and len(v.encode()) > NAME_BYTES_MAX:  # (4 bytes a character at most)
         raise RequestError(f"{what} is longer than {NAME_BYTES_MAX} bytes")
     return v
 
