@@ -23,7 +23,8 @@ Mutating commands:
   ``now_ms``/``ttl_ms`` grant a lease at once.
 - ``{"op": "release", "group": name, "pods": [i, ...]?}``: delete a group (or cancel a
   pending one). With ``pods``, only those pods end; as in HiveD the group's cells stay
-  reserved for it until its last pod ends (then it is deleted and its cells freed).
+  reserved for it until its last pod ends (then it is deleted and its cells freed). A
+  slot that a Kubernetes pod holds (``pod_schedule``) ends with ``pod_delete`` instead.
 - ``{"op": "set_node_health", "node": name, "healthy": bool}``: cells on bad nodes are
   never given to new groups; groups already there keep them (as in HiveD). VC cells
   that can only be backed by bad cells are doomed bad (``health.py``), reported as
@@ -819,6 +820,12 @@ class SchedulerStateMachine:
         if not isinstance(pods, list) or not pods or not all(
                 isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.pods) for i in pods):
             raise CommandError(f"pods must be a non-empty list of pod indices in 0..{len(g.pods) - 1}")
+        if g.slots is not None:
+            held = [(i, g.slots[i].uid) for i in sorted(set(pods)) if g.slots[i] is not None]
+            if held:
+                i, uid = held[0]
+                raise CommandError(f"pod slot {i} of group {name} holds Kubernetes pod {uid}: end it with "
+                                   f"pod_delete (the extender's delete), not a partial release")
         # HiveD's DeleteAllocatedPod: a pod's slot ends, its cells stay with the group
         # until the last pod is gone (allPodsReleased), whatever gangReleaseEnable says
         # (HiveD's algorithm records the flag but never consults it to free cells).
