@@ -673,6 +673,54 @@ MUTANTS: list[Mutant] = [
         rule="issue 15: a sample is a round trip of this incarnation's probe (stamp <= now)",
         description="an echo stamped ahead of our clock (a probe from before a restart) gives a negative sample",
     ),
+    Mutant(
+        name="echo-behind-sync",
+        file=BASE,
+        old="""\
+        self.send_urgent(src, Echo(self.view, m.stamp))
+""",
+        new="""\
+        self.send(src, Echo(self.view, m.stamp))
+""",
+        rule="issue 15 (review15 F1): probes and echoes vouch for nothing stored and leave without waiting for a sync",
+        description="an echo waits behind its acceptor's records, so busy quorum members look far and the quorum flaps",
+    ),
+    Mutant(
+        name="silence-is-no-sample",
+        file=NEAR,
+        old="""\
+            if d != INF and age > 2 * d + 2:
+""",
+        new="""\
+            if False:
+""",
+        rule="issue 15 (review15 F3): a probe unanswered for twice the round trip counts as a sample of its age",
+        description="a peer that stops echoing (one-way cut, never suspected) keeps its place in the thrifty quorum",
+    ),
+    Mutant(
+        name="karn-off",
+        file=SDP,
+        old="""\
+        if p.sent_to >> src & 1 and not p.acks >> src & 1 and not p.resent:
+""",
+        new="""\
+        if p.sent_to >> src & 1 and not p.acks >> src & 1:
+""",
+        rule="issue 15 (review15 F4): Karn's rule, no ack-delay sample from a resent accept",
+        description="acks of resent accepts are timed from the first send, and a healthy peer looks slow",
+    ),
+    Mutant(
+        name="slow-vs-any-peer",
+        file=BASE,
+        old="""\
+        near, now, others = self.near, self.now, alive[k:]
+""",
+        new="""\
+        near, now, others = self.near, self.now, alive
+""",
+        rule="issue 15 (review15 F2): a quorum member is slow only against the peers that would replace it",
+        description="a member is judged against the other member too (N=5), and a faster peer is swapped for a slower one",
+    ),
 
 ]
 

@@ -7,6 +7,9 @@ The contract, in the order the driver must follow (as etcd raft's ``Ready``):
    promises, accepted C- and O-instances, views and commit markers; an acceptor's
    reply must never leave before the state it vouches for is on disk.
 2. **send** ``messages``: one envelope per destination, ``(dst, [msg, ...])``.
+   ``urgent`` messages, same shape, vouch for no stored state (round-trip probes and
+   their echoes, ``consensus.core.nearness``): send them at once, before step 1's
+   records are durable; nothing orders them with ``messages``.
 3. **deliver** ``replies`` to the clients that proposed them.
 4. ``executed`` reports what was applied to the state machine, in global order, for
    observers (simulator checks, metrics); the driver need not act on it.
@@ -66,6 +69,9 @@ class Ready:
     snapshot_from: int | None = None
     # Number of this Ready's persist list, for ``persisted`` (0: nothing to persist).
     token: int = 0
+    # Messages sent without waiting for ``persist`` (see step 2 above).
+    urgent: list = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.persist or self.messages or self.replies or self.executed or self.snapshot_from is not None)
+        return not (self.persist or self.messages or self.replies or self.executed or self.urgent
+                    or self.snapshot_from is not None)

@@ -78,6 +78,7 @@ class ReplicaBase:
         self.executor = Executor(sm)
         self.now = 0  # ticks since this incarnation started
         self._out: dict[int, list[Message]] = {}
+        self._urgent: dict[int, list[Message]] = {}  # Ready.urgent
         self._lazy: dict[int, list[Message]] = {}
         self._persist: list = []
         self._replies: list[Reply] = []
@@ -94,7 +95,7 @@ class ReplicaBase:
         # Tick we last heard anything from each peer (failure suspicion).
         self.heard = [0] * cfg.n
         # Round trips to each peer, measured here, and the order we ask peers in.
-        self.near = Nearness(node_id, cfg.n, cfg.peer_order[node_id])
+        self.near = Nearness(node_id, cfg.n, cfg.peer_order[node_id], cfg.quorum - 1)
         self._snapshot_from: int | None = None  # Ready.snapshot_from, one-shot
         self._token = 0  # Ready.token of the last Ready that had records
         self._durable_token = 0  # every Ready up to this one is durable (persisted())
@@ -163,8 +164,12 @@ class ReplicaBase:
             # "I am alive" (tick -2): lets peers pick live thrifty quorums and suspect
             # dead command leaders; lazy, so it rides on other traffic when there is any.
             self.broadcast(Ping(self.view, ALIVE), lazy=True)
-            if self.cfg.measure_rtt:
-                self.broadcast(Probe(self.view, self.now))  # how near is each peer?
+            if self.cfg.measure_rtt:  # how near is each peer?
+                self.near.probing(self.now)
+                probe = Probe(self.view, self.now)
+                for dst in range(self.n):
+                    if dst != self.id:
+                        self.send_urgent(dst, probe)
         for dst, msgs in self._lazy.items():
             if msgs:
                 self._out.setdefault(dst, []).extend(msgs)
@@ -212,9 +217,11 @@ class ReplicaBase:
                 msgs = lazy + msgs
             if msgs:
                 messages.append((dst, msgs))
-        rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from, token)
+        rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from, token,
+                   [(dst, self._urgent[dst]) for dst in sorted(self._urgent)])
         self._snapshot_from = None
         self._out = {}
+        self._urgent = {}
         self._persist = []
         self._replies = []
         self._executed = []
@@ -243,6 +250,10 @@ class ReplicaBase:
     def send(self, dst: int, msg: Message, lazy: bool = False) -> None:
         (self._lazy if lazy else self._out).setdefault(dst, []).append(msg)
 
+    def send_urgent(self, dst: int, msg: Message) -> None:
+        """A message that vouches for no stored state (``Ready.urgent``)."""
+        self._urgent.setdefault(dst, []).append(msg)
+
     def broadcast(self, msg: Message, lazy: bool = False) -> None:
         for dst in range(self.n):
             if dst != self.id:
@@ -258,23 +269,26 @@ class ReplicaBase:
 
     def live_peers(self) -> list[int]:
         """Peers nearest first (as measured here, ``consensus.core.nearness``): healthy
-        ones, then slow ones, then suspected ones."""
+        ones, then slow ones, then suspected ones. A member of the thrifty quorum is
+        slow only against the healthy peers that would replace it."""
         alive, dead = [], []
         for p in self.near.order:
             (dead if self.suspected(p) else alive).append(p)
-        near, now = self.near, self.now
+        k = self.quorum - 1
+        near, now, others = self.near, self.now, alive[k:]
         good, slow = [], []
-        for p in alive:
-            (slow if near.slow(p, now, alive) else good).append(p)
+        for i, p in enumerate(alive):
+            (slow if i < k and near.slow(p, now, others) else good).append(p)
         return good + slow + dead
 
     def _on_probe(self, src: int, m: Probe) -> None:
-        self.send(src, Echo(self.view, m.stamp))  # at once: the sample is the round trip
+        # At once, and not behind our records' sync: the sample is the round trip.
+        self.send_urgent(src, Echo(self.view, m.stamp))
 
     def _on_echo(self, src: int, m: Echo) -> None:
         sample = self.now - m.stamp
         if 0 <= m.stamp and 0 <= sample:  # not an echo of a probe from before a restart
-            self.near.echo(src, sample)
+            self.near.echo(src, sample, m.stamp)
 
     def persist(self, record: list) -> None:
         self._persist.append(record)

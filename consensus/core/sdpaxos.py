@@ -183,7 +183,7 @@ class Proposal:
     issue 9). ``rec`` is that acceptor record (whether the instance is chosen).
     """
 
-    __slots__ = ("rec", "ballot", "cmds", "acks", "sent_to", "sent_tick", "born")
+    __slots__ = ("rec", "ballot", "cmds", "acks", "sent_to", "sent_tick", "born", "resent")
 
     def __init__(self, rec: CInst, acks: int, sent_tick: int = 0, born: int = 0) -> None:
         self.rec = rec
@@ -193,6 +193,7 @@ class Proposal:
         self.sent_to = 0  # bitmask of peers the accept went to
         self.sent_tick = sent_tick
         self.born = born  # tick proposed (straggler detection)
+        self.resent = False  # the accept went out again: its acks time nothing (Karn)
 
     def follow(self, ballot: int, cmds: list | None) -> None:
         """Our acceptor record took ``(ballot, cmds)``: propose that, with a tally of
@@ -815,7 +816,8 @@ class SDPaxosReplica(ReplicaBase):
             return
         if m.ballot != p.ballot:
             return  # late, duplicate or for an older ballot: ignore (trap 4)
-        if p.sent_to >> src & 1 and not p.acks >> src & 1:
+        if p.sent_to >> src & 1 and not p.acks >> src & 1 and not p.resent:
+            # Karn's rule: an ack of a resent accept does not say which send it answers.
             self.note_ack_delay(src, self.now - p.sent_tick)
         p.acks |= 1 << src
         if p.acks.bit_count() >= self.quorum:
@@ -824,6 +826,7 @@ class SDPaxosReplica(ReplicaBase):
     def _resend_caccept(self, inst: int, p: Proposal) -> None:
         """Our instance ``inst`` again, to every peer that has not acked its ballot."""
         msg = CAccept(self.view, self.id, inst, p.ballot, p.cmds)
+        p.resent = True
         for dst in range(self.n):
             if dst != self.id and not p.acks >> dst & 1:
                 self.send(dst, msg)

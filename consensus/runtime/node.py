@@ -958,6 +958,9 @@ class Node:
         except Exception as e:
             self._core_failed("ready", e)
             return
+        if rd.urgent:  # probes and echoes vouch for nothing stored: out now
+            self._send_messages(rd.urgent)
+            self.transport.flush()
         wal = self.wal
         # 1. persist
         if rd.persist:
@@ -1062,12 +1065,7 @@ class Node:
         clients."""
         transport = self.transport
         for messages, _ in batch:
-            for dst, msgs in messages:
-                wire = [encode_message(m) for m in msgs]
-                try:
-                    transport.send(dst, [ENVELOPE, wire])
-                except ValueError:  # over a frame: one envelope per frame's worth
-                    self._send_split(dst, wire)
+            self._send_messages(messages)
         transport.flush()
         waiters = self._waiters
         for _, replies in batch:
@@ -1079,6 +1077,16 @@ class Node:
                     else:
                         conn.reply([r.client, r.seq, clientwire.ERROR, r.error])
         self._flush_clients()
+
+    def _send_messages(self, messages: list) -> None:
+        """One envelope per ``(dst, [msg, ...])`` (the caller flushes the transport)."""
+        transport = self.transport
+        for dst, msgs in messages:
+            wire = [encode_message(m) for m in msgs]
+            try:
+                transport.send(dst, [ENVELOPE, wire])
+            except ValueError:  # over a frame: one envelope per frame's worth
+                self._send_split(dst, wire)
 
     def _flush_clients(self) -> None:
         dirty, self._dirty_clients = self._dirty_clients, []

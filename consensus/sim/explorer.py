@@ -226,12 +226,13 @@ class Violation(Exception):
 # --- canonical digest -----------------------------------------------------------------
 
 # Fields left out of a replica's digest: constants, metrics, outboxes that ready()
-# empties, and the timing-only fields of straggler detection (switched off here).
+# empties, the timing-only fields of straggler detection (switched off here) and a
+# proposal's ``resent`` flag (it only decides whether an ack times the peer).
 DIGEST_EXCLUDE = frozenset(
     {
-        "cfg", "stats", "_keys_of", "_out", "_persist", "_replies", "_executed", "_exec_out",
+        "cfg", "stats", "_keys_of", "_out", "_urgent", "_persist", "_replies", "_executed", "_exec_out",
         "_snapshot_from", "born", "done", "_window_total", "_window_count", "_best_ready",
-        "_window_served", "_served_baseline",
+        "_window_served", "_served_baseline", "resent",
     }
 )
 _SCALARS = frozenset((int, str, bool, float, bytes, type(None)))
@@ -408,7 +409,7 @@ class World:
             self.disks[r] = self.disks[r] + tuple(msgpack.packb(rec, use_bin_type=True) for rec in rd.persist)
             if self.cfg.quorum_check:
                 self._quorum_records(r, rd.persist)
-        for dst, msgs in rd.messages:
+        for dst, msgs in rd.urgent + rd.messages:  # (no urgent ones: measure_rtt is off here)
             if not 0 <= dst < self.n or self.reps[dst] is None:
                 continue  # a down replica receives nothing
             if self.cfg.granularity == "message":

@@ -349,6 +349,8 @@ class Simulation:
         replica = self.nodes[node]
         # Without a disk model every record is durable at once (ready(sync=True)).
         rd = replica.ready(sync=self.sim_disks is None)
+        if rd.urgent:  # probes and echoes: not behind the records' sync
+            self._send(node, rd.urgent, [])
         elections = replica.stats.get("elections", 0)
         if elections != self._elections_seen[node]:
             self._elections_seen[node] = elections

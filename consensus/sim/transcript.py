@@ -291,7 +291,7 @@ class Cluster:
         rd = rep.ready(sync=True)  # records go to disk first
         if rd.persist:
             self.disks[r] = self.disks[r] + [msgpack.packb(rec, use_bin_type=True) for rec in rd.persist]
-        for dst, msgs in rd.messages:
+        for dst, msgs in rd.urgent + rd.messages:
             if self.reps[dst] is None or (r, dst) in self.cuts:
                 continue
             _src, msgs = decode_envelope(encode_envelope(r, msgs))

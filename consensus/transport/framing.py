@@ -47,7 +47,7 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 3  # 2: OAccept.serving, keepalive frames; 3: Vote.c_own
+PROTOCOL_VERSION = 4  # 2: OAccept.serving, keepalive frames; 3: Vote.c_own; 4: Probe/Echo (issue 15)
 MAX_FRAME_BYTES = 8 << 20
 FRAME_PREFIX_BYTES = 4
 _PREFIX = struct.Struct(">I")

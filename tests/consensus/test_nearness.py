@@ -23,20 +23,26 @@ from consensus.sim.geo import peer_order
 from consensus.sim.simulator import SimConfig, Simulation
 
 
-def test_a_peer_moves_ahead_only_when_clearly_nearer():
-    near = Nearness(0, 4, (1, 2, 3))
-    assert near.order == [1, 2, 3] and near.rtt[1:] == [INF, INF, INF]
-    near.echo(3, 10)  # measured beats never measured
-    assert near.order == [3, 1, 2]
-    near.echo(2, 10)  # as near as 3 (within the margin): keeps its place behind it
-    assert near.order == [3, 2, 1]
-    near.echo(2, 9)  # 9.75 vs 10: inside max(0.5, 5 %) -- no swap
-    assert near.order == [3, 2, 1] and near.rtt[2] == 9.75
-    for _ in range(6):
-        near.echo(2, 5)
-    assert near.rtt[2] < 10 - 0.5 and near.order == [2, 3, 1]
-    near.echo(1, 100)
-    assert near.order == [2, 3, 1]
+def test_a_peer_joins_the_thrifty_quorum_only_when_clearly_nearer():
+    near = Nearness(0, 5, (1, 2, 3, 4), k=2)  # N=5: the thrifty quorum is two peers
+    assert near.order == [1, 2, 3, 4] and near.rtt[1:] == [INF] * 4
+    near.echo(3, 10)  # measured beats never measured: 3 replaces the farther member
+    assert near.order == [3, 1, 2, 4]
+    near.echo(4, 10)  # and so does 4
+    assert near.order == [3, 4, 1, 2]
+    near.echo(1, 9)  # 9 vs the farthest member's 10: within max(1.5 ticks, 10 %), stays out
+    assert near.order == [3, 4, 1, 2]
+    near.echo(1, 5)  # average (3 * 9 + 5) / 4 = 8: clearly nearer than 10, replaces 4
+    assert near.rtt[1] == 8.0 and near.order == [1, 3, 4, 2]
+    near.echo(2, 100)
+    assert near.order == [1, 3, 4, 2]
+
+
+def test_members_and_the_rest_are_each_sorted_by_distance():
+    near = Nearness(0, 5, (1, 2, 3, 4), k=2)
+    for p, d in ((1, 30), (2, 20), (3, 12), (4, 40)):
+        near.echo(p, d)
+    assert near.order == [3, 2, 1, 4]
 
 
 def test_smoothing_absorbs_one_late_echo():
@@ -146,8 +152,10 @@ def test_a_replica_answers_probes_at_once_and_learns_from_echoes():
         cfg = ProtocolConfig(n=3, heartbeat_ticks=2)
         r = cls(1, cfg, KVStateMachine())
         r.step(0, [Probe(0, 77)])
-        out = [(dst, m) for dst, msgs in r.ready().messages for m in msgs]
-        assert (0, Echo(r.view, 77)) in out, cls  # not lazy: in this very Ready
+        rd = r.ready()
+        # In this very Ready, as an urgent message: not behind any record's sync.
+        assert [(dst, m) for dst, msgs in rd.urgent for m in msgs] == [(0, Echo(r.view, 77))], cls
+        assert not any(isinstance(m, Echo) for _dst, msgs in rd.messages for m in msgs), cls
         while r.now < 12:
             r.tick()
             r.ready()

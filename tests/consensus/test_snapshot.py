@@ -180,12 +180,14 @@ def test_crecovery_does_not_replace_a_compacted_choice_with_a_noop():
     B's instances, recovers them with a quorum {A, C}. A (the sequencer) executed and
     compacted them: answering "nothing accepted" would let C choose no-ops there
     while A executed B's commands. A refuses with a Compacted notice and C catches
-    up from A's snapshot. (With the CPrepare guard removed this run diverges.)"""
+    up from A's snapshot. (With the CPrepare guard removed, mutant cpromise-below-floor,
+    this run fails, as every seed of 1-24 does; seed 1 no longer reaches the scenario
+    since replicas probe each other, issue 15.)"""
     cfg = SimConfig(
         replicas=3,
         rtt="lan",
         seconds=1.0,
-        seed=1,
+        seed=2,
         snapshot_every=2,
         faults=[(100, "cut", 1, 2), (100, "cut", 2, 1), (800, "heal")],
     )
