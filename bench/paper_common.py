@@ -48,7 +48,7 @@ def bucket_counts(times: Sequence[float], t0: float, t1: float, width: float = B
     counts = [0] * n
     for t in times:
         if t0 <= t < t0 + n * width:
-            k = min(n - 1, int((t - t0) / width))
+            k = min(n - 1, int((t - t0) / width + 1e-9))  # 10.1 - 10.0 is 0.0999...
             counts[k] += 1
     return counts
 

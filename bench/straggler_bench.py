@@ -315,8 +315,8 @@ def plot(result: dict, path: str) -> None:
         ax.set_title(c, fontsize=9)
         ax.legend(fontsize=7, loc="lower left")
     axes[-1, 0].set_xlabel("time from the start of the load (s)")
-    fig.suptitle(f"straggler, {result['replicas']} replicas, {result['sessions']} sessions, {result['slowdown']}, "
-                 f"fsync={result['fsync']}, load {pc.load_text(result['load_average_before'])}", fontsize=8)
+    fig.suptitle(f"straggler, {result['replicas']} replicas, {result['sessions']} sessions, fsync={result['fsync']}, "
+                 f"load {pc.load_text(result['load_average_before'])}\n{result['slowdown']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
