@@ -6,7 +6,8 @@ sequencer/leader 0, ``--fsync`` batch by default) are started once and stay up; 
 load goes to one at a time. For each read proportion (``--read-fractions``, default
 0, 25, 50, 75 and 95 %) each protocol gets ``--seconds`` of closed-loop load
 (``bench.loadgen.run_load``: ``--sessions`` sessions spread over every replica, each
-group through a client that talks to its own replica only; a write is a 16-byte blind
+group through a client that talks to its own replica only, or with ``--clients-at
+sequencer`` all at the sequencer/leader; a write is a 16-byte blind
 put of the session's own keys, a read a ``get`` of a random key). The protocols'
 order alternates from point to point so that drift in the machine's load hits both.
 
@@ -67,10 +68,11 @@ def point(groups: dict, seconds: float) -> dict:
 
 
 async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: float, warmup: float,
-                    fractions: list[float], fsync: str, seed: int) -> dict:
+                    fractions: list[float], fsync: str, seed: int, clients_at: str = "every") -> dict:
     result = pc.header("reads", replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
-                       read_fractions=fractions, fsync=fsync, seed=seed, value_bytes=16,
-                       clients="spread over every replica, each group through its own replica",
+                       read_fractions=fractions, fsync=fsync, seed=seed, value_bytes=16, clients_at=clients_at,
+                       clients=("spread over every replica, each group through its own replica" if clients_at == "every"
+                                else "all at the sequencer/leader"),
                        read_path={"sdpaxos": "sequencer lease (RRequest to the sequencer, executed to its slot, "
                                              "read locally; the log without a lease)",
                                   "multipaxos": "through the log (a command like a write)"})
@@ -81,18 +83,22 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
         for p, run in runs.items():
             frame.say(f"{p}: starting {replicas} replicas")
             await run.start()
-        every = list(range(replicas))
+        at: dict[str, list[int]] = {}
         lease = {}
         for p, run in runs.items():
+            orderer = await run.orderer()
+            at[p] = list(range(replicas)) if clients_at == "every" else [orderer if orderer is not None else 0]
+            every = at[p]
             if warmup:
                 task = frame.progress.add_task(f"{p}: warm-up", total=None)
                 try:
                     await pc.per_replica_load(run, every, sessions, warmup, read_fraction=0.5, seed=seed + 99)
                 finally:
                     frame.progress.remove_task(task)
-            st = await run.status(await run.orderer() or 0)
+            st = await run.status(orderer if orderer is not None else 0)
             lease[p] = st.get("lease") if st else None
         result["sequencer_lease_at_start"] = lease
+        result["clients_at_replicas"] = at
         for k, f in enumerate(fractions):
             for p in pc.alternate(pc.PROTOCOLS, k):
                 task = frame.progress.add_task(f"{p} reads {f:.0%}", total=seconds)
@@ -103,7 +109,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                                           description=f"{p} reads {f:.0%}: {ops} ops")
 
                 try:
-                    groups = await pc.per_replica_load(runs[p], every, sessions, seconds, read_fraction=f,
+                    groups = await pc.per_replica_load(runs[p], at[p], sessions, seconds, read_fraction=f,
                                                        seed=seed + k, on_progress=tick)
                 finally:
                     frame.progress.remove_task(task)
@@ -112,7 +118,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                 frame.say(f"{p:10s} reads {f:4.0%}: {m['ops_per_s']:>8.0f} ops/s ({m['reads_per_s']:.0f} reads, "
                           f"{m['writes_per_s']:.0f} writes)  p50 {m['p50_ms']} ms  p99 {m['p99_ms']} ms  "
                           f"errors {m['errors']}")
-        statuses = {p: [await run.status(i) for i in every] for p, run in runs.items()}
+        statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
         result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
     finally:
         for run in runs.values():
@@ -132,7 +138,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
 
 
 def format_table(result: dict) -> str:
-    lines = [f"reads: {result['replicas']} replicas, {result['sessions']} sessions over every replica, "
+    lines = [f"reads: {result['replicas']} replicas, {result['sessions']} sessions {_where(result)}, "
              f"{result['seconds']:g} s per point per protocol, fsync={result['fsync']} (writes; SDPaxos lease reads "
              f"touch no log), core {result['core_commit']}, {result['cpus']} CPUs, load average "
              f"{pc.load_text(result['load_average_before'])} before, {pc.load_text(result.get('load_average_after'))} "
@@ -151,6 +157,10 @@ def format_table(result: dict) -> str:
                  result["read_path"]["multipaxos"] + f". Sequencer lease at start: "
                  f"{result.get('sequencer_lease_at_start')}")
     return "\n".join(lines)
+
+
+def _where(result: dict) -> str:
+    return "over every replica" if result.get("clients_at", "every") == "every" else "at the sequencer/leader"
 
 
 def _n(x: float | None) -> str:
@@ -173,6 +183,7 @@ def summary_md(result: dict) -> str:
         "```", *format_table(result).splitlines(), "```", "",
         f"Command: `cellar bench reads --replicas {result['replicas']} --seconds {result['seconds']:g} "
         f"--sessions {result['sessions']} --read-fractions {fr} --warmup {result['warmup']:g} "
+        f"--clients-at {result['clients_at']} "
         f"--fsync {result['fsync']} --seed {result['seed']}`", ""])
 
 
@@ -188,7 +199,8 @@ def plot(result: dict, path: str) -> None:
     ax.set_xlabel("reads, % of operations")
     ax.set_ylabel("acknowledged operations/s")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"reads, {result['replicas']} replicas, {result['sessions']} sessions, fsync={result['fsync']}, "
+    ax.set_title(f"reads, {result['replicas']} replicas, {result['sessions']} sessions {_where(result)}, "
+                 f"fsync={result['fsync']}, "
                  f"load {pc.load_text(result['load_average_before'])}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -202,8 +214,11 @@ def plot(result: dict, path: str) -> None:
               help="The read proportions measured, comma-separated, each in [0, 1).")
 @click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True,
               help="Unmeasured load on each cluster first.")
+@click.option("--clients-at", type=click.Choice(["every", "sequencer"]), default="every", show_default=True,
+              help="every: sessions spread over every replica (the paper's setting); sequencer: all at the "
+                   "sequencer/leader, where an SDPaxos lease read needs no message at all.")
 @click.option("--seed", type=int, default=1, show_default=True)
-def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fractions, warmup, seed) -> None:
+def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fractions, warmup, clients_at, seed) -> None:
     """Throughput against the proportion of reads (lease reads at the SDPaxos sequencer,
     the log for Multi-Paxos), both protocols alternating (the paper's Fig. 11)."""
     fractions = parse_fractions(read_fractions)
@@ -211,7 +226,7 @@ def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fraction
     def call() -> dict:
         async def body(frame: pc.Frame) -> dict:
             return await run_reads(frame, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
-                                   fractions=fractions, fsync=fsync, seed=seed)
+                                   fractions=fractions, fsync=fsync, seed=seed, clients_at=clients_at)
 
         return pc.run_experiment("reads", out, body, quiet=quiet, summary=summary_md, plot=plot)
 
