@@ -209,14 +209,19 @@ def format_table(result: dict) -> str:
                      f"{_s(d['first_ack_s_max']):>14} s {_s(d['recovered_50_s']):>12} s "
                      f"{_s(d['longest_gap_s']):>5} s {_s(d['view_change_s_max']):>6} s")
     r = result["ratios_sdpaxos_over_multipaxos"]
-    lines.append(f"  SDPaxos / Multi-Paxos: before {r['before_per_s']}x, first ack {r['first_ack_s_max']}x, "
-                 f"back to 50 % {r['recovered_50_s']}x, new view {r['view_change_s_max']}x")
+    lines.append(f"  SDPaxos / Multi-Paxos: before {_x(r['before_per_s'])}, after {_x(r['after_per_s'])}, first ack "
+                 f"{_x(r['first_ack_s_max'])}, back to 50 % {_x(r['recovered_50_s'])}, new view "
+                 f"{_x(r['view_change_s_max'])}")
     lines.append(f"  every survivor acknowledged writes after the kill: {result['all_recovered']}")
     return "\n".join(lines)
 
 
 def _s(x: float | None) -> str:
     return f"{x:.2f}" if x is not None else "-"
+
+
+def _x(x: float | None) -> str:
+    return f"{x}x" if x is not None else "-"
 
 
 def _n(x: float | None, d: int = 1) -> str:

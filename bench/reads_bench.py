@@ -101,6 +101,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
         result["clients_at_replicas"] = at
         for k, f in enumerate(fractions):
             for p in pc.alternate(pc.PROTOCOLS, k):
+                views_before = await views(runs[p])
                 task = frame.progress.add_task(f"{p} reads {f:.0%}", total=seconds)
                 t0 = time.monotonic()
 
@@ -113,13 +114,22 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                                                        seed=seed + k, on_progress=tick)
                 finally:
                     frame.progress.remove_task(task)
-                m = {"read_fraction": f, **point(groups, seconds)}
+                m = {"read_fraction": f, **point(groups, seconds), "views_before": views_before,
+                     "views_after": await views(runs[p])}
+                if m["views_after"] != views_before:
+                    frame.say(f"{p} reads {f:.0%}: the view changed during the point: {views_before} -> "
+                              f"{m['views_after']}")
                 points[p].append(m)
                 frame.say(f"{p:10s} reads {f:4.0%}: {m['ops_per_s']:>8.0f} ops/s ({m['reads_per_s']:.0f} reads, "
                           f"{m['writes_per_s']:.0f} writes)  p50 {m['p50_ms']} ms  p99 {m['p99_ms']} ms  "
                           f"errors {m['errors']}")
         statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
         result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
+        # A view change under load is either an election timeout (a replica heard nothing for
+        # 500 ms: its event loop or the machine stalled that long) or SDPaxos's straggler
+        # detection judging the sequencer slow; the loops' longest pauses tell them apart.
+        result["loop_lag_max_ms"] = {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]
+                                     for p, sts in statuses.items()}
     finally:
         for run in runs.values():
             await run.stop()
@@ -137,6 +147,10 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
     return result
 
 
+async def views(run: pc.Run) -> list:
+    return [st.get("view") if st else None for st in [await run.status(i) for i in range(run.n)]]
+
+
 def format_table(result: dict) -> str:
     lines = [f"reads: {result['replicas']} replicas, {result['sessions']} sessions {_where(result)}, "
              f"{result['seconds']:g} s per point per protocol, fsync={result['fsync']} (writes; SDPaxos lease reads "
@@ -152,7 +166,11 @@ def format_table(result: dict) -> str:
                      f"{b['ops_per_s']:>16.0f} {_n(b['p50_ms'])} {_n(b['p99_ms'])}  "
                      f"{_r(result['ratio_sdpaxos_over_multipaxos'][k])}  {_r(own['sdpaxos'][k], 7)} "
                      f"{_r(own['multipaxos'][k], 7)}")
+    changed = [f"{p} at {m['read_fraction']:.0%} reads ({m['views_before']} -> {m['views_after']})"
+               for p, ms in result["points"].items() for m in ms if m["views_after"] != m["views_before"]]
     lines.append("")
+    lines.append("views changed during: " + ("; ".join(changed) if changed else "none") +
+                 f". Longest event-loop pause per replica (ms): {result.get('loop_lag_max_ms')}")
     lines.append("read path: SDPaxos " + result["read_path"]["sdpaxos"] + "; Multi-Paxos " +
                  result["read_path"]["multipaxos"] + f". Sequencer lease at start: "
                  f"{result.get('sequencer_lease_at_start')}")

@@ -271,7 +271,7 @@ def format_table(result: dict) -> str:
                          f"{_s(m['duty_cycle']['stopped_fraction']):>7}")
     lines.append("")
     for name, v in result["ratios"].items():
-        lines.append(f"  {name.replace('_', ' ')}: {v}x")
+        lines.append(f"  {name.replace('_', ' ')}: {v}x" if v is not None else f"  {name.replace('_', ' ')}: -")
     return "\n".join(lines)
 
 
