@@ -152,8 +152,8 @@ class Run:
     async def orderer(self, among: Sequence[int] | None = None) -> int | None:
         """The sequencer (Multi-Paxos: the leader) as most live replicas report it."""
         votes: dict[int, int] = {}
-        for i in (among if among is not None else range(self.n)):
-            st = await self.status(i)
+        sts = await asyncio.gather(*[self.status(i) for i in (among if among is not None else range(self.n))])
+        for st in sts:
             if st and st.get("phase") == "normal":
                 who = st.get("sequencer", st.get("leader"))
                 if who is not None:
@@ -237,6 +237,14 @@ class StatusWatcher:
                 await asyncio.wait_for(self._task, 5.0)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
+
+    def current_orderer(self) -> int | None:
+        """The sequencer/leader most watched replicas reported last, in phase normal."""
+        votes: dict[int, int] = {}
+        for _view, who, phase in self._last.values():
+            if phase == "normal" and who is not None:
+                votes[who] = votes.get(who, 0) + 1
+        return max(votes, key=lambda k: votes[k]) if votes else None
 
     def first(self, after: float, pred: Callable[[dict], bool]) -> dict | None:
         for e in self.events:
