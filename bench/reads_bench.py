@@ -9,7 +9,9 @@ load goes to one at a time. For each read proportion (``--read-fractions``, defa
 group through a client that talks to its own replica only, or with ``--clients-at
 sequencer`` all at the sequencer/leader; a write is a 16-byte blind
 put of the session's own keys, a read a ``get`` of a random key). The protocols'
-order alternates from point to point so that drift in the machine's load hits both.
+order alternates from point to point (and round to round, ``--rounds``: each point is
+the median over the rounds, the ratio the median of each round's) so that drift in
+the machine's load hits both.
 
 Reads take the client's linearizable read path (``Session.get``, ``clientwire.READ``):
 
@@ -31,6 +33,7 @@ each protocol against its own all-writes figure. Results: ``OUT/reads-<UTC>/``
 from __future__ import annotations
 
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -68,8 +71,8 @@ def point(groups: dict, seconds: float) -> dict:
 
 
 async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: float, warmup: float,
-                    fractions: list[float], fsync: str, seed: int, clients_at: str = "every") -> dict:
-    result = pc.header("reads", replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
+                    fractions: list[float], fsync: str, seed: int, clients_at: str = "every", rounds: int = 1) -> dict:
+    result = pc.header("reads", replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup, rounds=rounds,
                        read_fractions=fractions, fsync=fsync, seed=seed, value_bytes=16, clients_at=clients_at,
                        clients=("spread over every replica, each group through its own replica" if clients_at == "every"
                                 else "all at the sequencer/leader"),
@@ -78,7 +81,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                                   "multipaxos": "through the log (a command like a write)"})
     roots = {p: tempfile.mkdtemp(prefix=f"cellar-bench-reads-{p}-") for p in pc.PROTOCOLS}
     runs = {p: pc.Run(p, replicas, fsync, roots[p]) for p in pc.PROTOCOLS}
-    points: dict[str, list[dict]] = {p: [] for p in pc.PROTOCOLS}
+    measured: dict[str, list[list[dict]]] = {p: [[] for _ in fractions] for p in pc.PROTOCOLS}
     try:
         for p, run in runs.items():
             frame.say(f"{p}: starting {replicas} replicas")
@@ -99,30 +102,32 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
             lease[p] = st.get("lease") if st else None
         result["sequencer_lease_at_start"] = lease
         result["clients_at_replicas"] = at
-        for k, f in enumerate(fractions):
-            for p in pc.alternate(pc.PROTOCOLS, k):
-                views_before = await views(runs[p])
-                task = frame.progress.add_task(f"{p} reads {f:.0%}", total=seconds)
-                t0 = time.monotonic()
+        for r in range(rounds):
+            for k, f in enumerate(fractions):
+                for p in pc.alternate(pc.PROTOCOLS, r + k):
+                    views_before = await views(runs[p])
+                    name = f"round {r + 1} {p} reads {f:.0%}"
+                    task = frame.progress.add_task(name, total=seconds)
+                    t0 = time.monotonic()
 
-                def tick(ops: int, task=task, t0=t0, p=p, f=f) -> None:
-                    frame.progress.update(task, completed=min(seconds, time.monotonic() - t0),
-                                          description=f"{p} reads {f:.0%}: {ops} ops")
+                    def tick(ops: int, task=task, t0=t0, name=name) -> None:
+                        frame.progress.update(task, completed=min(seconds, time.monotonic() - t0),
+                                              description=f"{name}: {ops} ops")
 
-                try:
-                    groups = await pc.per_replica_load(runs[p], at[p], sessions, seconds, read_fraction=f,
-                                                       seed=seed + k, on_progress=tick)
-                finally:
-                    frame.progress.remove_task(task)
-                m = {"read_fraction": f, **point(groups, seconds), "views_before": views_before,
-                     "views_after": await views(runs[p])}
-                if m["views_after"] != views_before:
-                    frame.say(f"{p} reads {f:.0%}: the view changed during the point: {views_before} -> "
-                              f"{m['views_after']}")
-                points[p].append(m)
-                frame.say(f"{p:10s} reads {f:4.0%}: {m['ops_per_s']:>8.0f} ops/s ({m['reads_per_s']:.0f} reads, "
-                          f"{m['writes_per_s']:.0f} writes)  p50 {m['p50_ms']} ms  p99 {m['p99_ms']} ms  "
-                          f"errors {m['errors']}")
+                    try:
+                        groups = await pc.per_replica_load(runs[p], at[p], sessions, seconds, read_fraction=f,
+                                                           seed=seed + 10 * r + k, on_progress=tick)
+                    finally:
+                        frame.progress.remove_task(task)
+                    m = {"read_fraction": f, **point(groups, seconds), "views_before": views_before,
+                         "views_after": await views(runs[p])}
+                    if m["views_after"] != views_before:
+                        frame.say(f"{name}: the view changed during the point: {views_before} -> "
+                                  f"{m['views_after']}")
+                    measured[p][k].append(m)
+                    frame.say(f"{name}: {m['ops_per_s']:>8.0f} ops/s ({m['reads_per_s']:.0f} reads, "
+                              f"{m['writes_per_s']:.0f} writes)  p50 {m['p50_ms']} ms  p99 {m['p99_ms']} ms  "
+                              f"errors {m['errors']}")
         statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
         result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
         # A view change under load is either an election timeout (a replica heard nothing for
@@ -135,16 +140,33 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
             await run.stop()
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)
-    if any(m["ops"] == 0 for ms in points.values() for m in ms):
+    if any(m["ops"] == 0 for per in measured.values() for ms in per for m in ms):
         raise BenchError("a point acknowledged no operation at all: see the progress lines")
-    sd, mp = points["sdpaxos"], points["multipaxos"]
+    points = {p: [combine(ms) for ms in per] for p, per in measured.items()}
+    ratios = []
+    for a, b in zip(measured["sdpaxos"], measured["multipaxos"]):
+        paired = [x["ops_per_s"] / y["ops_per_s"] for x, y in zip(a, b) if y["ops_per_s"]]
+        ratios.append(round(statistics.median(paired), 3) if paired else None)
     result.update({
         "points": points,
-        "ratio_sdpaxos_over_multipaxos": [pc.ratio(a["ops_per_s"], b["ops_per_s"]) for a, b in zip(sd, mp)],
+        "ratio_sdpaxos_over_multipaxos": ratios,
         "over_own_all_writes": {p: [pc.ratio(m["ops_per_s"], ms[0]["ops_per_s"]) for m in ms]
                                 for p, ms in points.items()} if fractions[0] == 0 else None,
     })
     return result
+
+
+def combine(ms: list[dict]) -> dict:
+    """One point over the rounds: medians of the rates and percentiles, sums of the counts."""
+    def med(k: str) -> float | None:
+        xs = [m[k] for m in ms if m[k] is not None]
+        return round(statistics.median(xs), 2) if xs else None
+
+    return {"read_fraction": ms[0]["read_fraction"], **{k: med(k) for k in
+            ("ops_per_s", "reads_per_s", "writes_per_s", "p50_ms", "p99_ms")},
+            **{k: sum(m[k] for m in ms) for k in ("ops", "reads", "errors")},
+            "views_changed": [m["views_before"] != m["views_after"] for m in ms],
+            "per_round_ops_per_s": [m["ops_per_s"] for m in ms], "rounds": ms}
 
 
 async def views(run: pc.Run) -> list:
@@ -153,7 +175,8 @@ async def views(run: pc.Run) -> list:
 
 def format_table(result: dict) -> str:
     lines = [f"reads: {result['replicas']} replicas, {result['sessions']} sessions {_where(result)}, "
-             f"{result['seconds']:g} s per point per protocol, fsync={result['fsync']} (writes; SDPaxos lease reads "
+             f"{result['seconds']:g} s per point per protocol, median of {result['rounds']} round(s), "
+             f"fsync={result['fsync']} (writes; SDPaxos lease reads "
              f"touch no log), core {result['core_commit']}, {result['cpus']} CPUs, load average "
              f"{pc.load_text(result['load_average_before'])} before, {pc.load_text(result.get('load_average_after'))} "
              f"after", "",
@@ -166,8 +189,9 @@ def format_table(result: dict) -> str:
                      f"{b['ops_per_s']:>16.0f} {_n(b['p50_ms'])} {_n(b['p99_ms'])}  "
                      f"{_r(result['ratio_sdpaxos_over_multipaxos'][k])}  {_r(own['sdpaxos'][k], 7)} "
                      f"{_r(own['multipaxos'][k], 7)}")
-    changed = [f"{p} at {m['read_fraction']:.0%} reads ({m['views_before']} -> {m['views_after']})"
-               for p, ms in result["points"].items() for m in ms if m["views_after"] != m["views_before"]]
+    changed = [f"{p} at {m['read_fraction']:.0%} reads, round {j + 1} ({x['views_before']} -> {x['views_after']})"
+               for p, ms in result["points"].items() for m in ms for j, x in enumerate(m["rounds"])
+               if x["views_after"] != x["views_before"]]
     lines.append("")
     lines.append("views changed during: " + ("; ".join(changed) if changed else "none") +
                  f". Longest event-loop pause per replica (ms): {result.get('loop_lag_max_ms')}")
@@ -201,7 +225,7 @@ def summary_md(result: dict) -> str:
         "```", *format_table(result).splitlines(), "```", "",
         f"Command: `cellar bench reads --replicas {result['replicas']} --seconds {result['seconds']:g} "
         f"--sessions {result['sessions']} --read-fractions {fr} --warmup {result['warmup']:g} "
-        f"--clients-at {result['clients_at']} "
+        f"--clients-at {result['clients_at']} --rounds {result['rounds']} "
         f"--fsync {result['fsync']} --seed {result['seed']}`", ""])
 
 
@@ -214,6 +238,9 @@ def plot(result: dict, path: str) -> None:
         ax.plot(xs, [m["ops_per_s"] for m in pts], marker="o", color=pc.COLORS[p], label=f"{p}: all operations")
         ax.plot(xs, [m["writes_per_s"] for m in pts], marker=".", linestyle="--", color=pc.COLORS[p],
                 label=f"{p}: writes")
+        if result.get("rounds", 1) > 1:  # each round's figure beside the median
+            ax.scatter([x for x, m in zip(xs, pts) for _ in m["per_round_ops_per_s"]],
+                       [v for m in pts for v in m["per_round_ops_per_s"]], s=8, color=pc.COLORS[p], alpha=0.5)
     ax.set_xlabel("reads, % of operations")
     ax.set_ylabel("acknowledged operations/s")
     ax.set_ylim(bottom=0)
@@ -235,8 +262,11 @@ def plot(result: dict, path: str) -> None:
 @click.option("--clients-at", type=click.Choice(["every", "sequencer"]), default="every", show_default=True,
               help="every: sessions spread over every replica (the paper's setting); sequencer: all at the "
                    "sequencer/leader, where an SDPaxos lease read needs no message at all.")
+@click.option("--rounds", type=click.IntRange(1, 10), default=1, show_default=True,
+              help="Sweeps; each point is the median over them, and the protocols' order alternates.")
 @click.option("--seed", type=int, default=1, show_default=True)
-def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fractions, warmup, clients_at, seed) -> None:
+def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fractions, warmup, clients_at, rounds,
+          seed) -> None:
     """Throughput against the proportion of reads (lease reads at the SDPaxos sequencer,
     the log for Multi-Paxos), both protocols alternating (the paper's Fig. 11)."""
     fractions = parse_fractions(read_fractions)
@@ -244,7 +274,8 @@ def reads(replicas, seconds, sessions, fsync, out, quiet, as_json, read_fraction
     def call() -> dict:
         async def body(frame: pc.Frame) -> dict:
             return await run_reads(frame, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
-                                   fractions=fractions, fsync=fsync, seed=seed, clients_at=clients_at)
+                                   fractions=fractions, fsync=fsync, seed=seed, clients_at=clients_at,
+                                   rounds=rounds)
 
         return pc.run_experiment("reads", out, body, quiet=quiet, summary=summary_md, plot=plot)
 
