@@ -310,6 +310,10 @@ def plot(result: dict, path: str) -> None:
             if m["replaced_s"] is not None:
                 ax.axvline(s + m["replaced_s"], color="#1c7ed6", linestyle=styles[k % 4],
                            label="new sequencer serves" if k == 0 else None)
+                ax.annotate(f" {m['orderer_before']} -> {m['orderer_after']}", (s + m["replaced_s"], 0),
+                            xytext=(2, 4), textcoords="offset points", fontsize=7, color="#1c7ed6")
+        ax.annotate(f"slowed: replica {result['runs'][c][0]['slowed']}", (1, 1), xycoords="axes fraction",
+                    xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=7)
         ax.set_ylabel("writes / 100 ms")
         ax.set_ylim(bottom=0)
         ax.set_title(c, fontsize=9)
