@@ -118,7 +118,9 @@ def _folder(result: dict, tmp_path, exp: str) -> None:
 
 
 def test_failover_smoke(tmp_path):
-    out = cellar("bench", "failover", "--seconds", "2.5", "--kill-at", "1", "--rounds", "1", "--sessions", "8",
+    # 2.2 s after the kill: a new view and a write at both survivors (about 0.5-1.7 s here,
+    # loaded or not) fit in it.
+    out = cellar("bench", "failover", "--seconds", "3", "--kill-at", "0.8", "--rounds", "1", "--sessions", "8",
                  "--out", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
@@ -131,7 +133,7 @@ def test_failover_smoke(tmp_path):
         assert set(m["first_ack_s"]) == {"1", "2"} and all(v is not None and v > 0 for v in m["first_ack_s"].values())
         assert all(v is not None for v in m["view_change_s"].values()), m["view_change_s"]
         assert m["before_per_s"] > 0 and m["after_per_s"] > 0
-        assert len(m["ops_per_100ms"]) == 25 and m["kill_at_s"] >= 1.0
+        assert len(m["ops_per_100ms"]) == 30 and m["kill_at_s"] >= 0.8
     assert set(result["ratios_sdpaxos_over_multipaxos"]) == set(result["median"]["sdpaxos"])
 
 
