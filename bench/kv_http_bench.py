@@ -536,7 +536,10 @@ class BenchGroup(click.Group):
 
 def _bench_group() -> click.Group:
     from bench.cluster_bench import bench as cluster
+    from bench.failover_bench import failover
     from bench.geo_bench import geo
+    from bench.reads_bench import reads
+    from bench.straggler_bench import straggler
 
     @click.pass_context
     def callback(ctx: click.Context, **kwargs: Any) -> None:
@@ -547,10 +550,14 @@ def _bench_group() -> click.Group:
                        help=inspect.cleandoc(cluster.help or "") + "\n\n`cellar bench kv-http`: HTTP writes "
                        "beside etcd's JSON gateway (see `cellar bench kv-http --help`).\n\n`cellar bench geo`: "
                        "per-site commit latency behind wide-area delays, beside the simulator and the "
-                       "one-round-trip bound (see `cellar bench geo --help`).",
+                       "one-round-trip bound (see `cellar bench geo --help`).\n\n`cellar bench failover`, `reads`, "
+                       "`straggler`: the SDPaxos paper's Figs. 14, 11 and 9 on real processes.",
                        short_help=cluster.short_help)
     group.add_command(kv_http)
     group.add_command(geo)
+    group.add_command(failover)
+    group.add_command(reads)
+    group.add_command(straggler)
     return group
 
 
