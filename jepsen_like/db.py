@@ -6,7 +6,8 @@ dials its peers *from* that address, so that a packet between two nodes names bo
 (``jepsen_like.nemesis`` partitions them with iptables without touching clients, which
 connect from 127.0.0.1). It adds what a nemesis needs on top of start, stop (SIGTERM)
 and kill (SIGKILL): pause (SIGSTOP), resume (SIGCONT), restart, wipe a stopped node's
-data, and the sequencer the nodes name. Every process is its own child, ended by pid
+data, and the sequencer the nodes name. With ``clock_control`` each node ticks at the
+rate in its own file (``clock_path``), which the clock nemesis sets. Every process is its own child, ended by pid
 in ``teardown`` (and, through ``--exit-with-parent``, by the kernel if the harness
 itself dies).
 """
@@ -14,6 +15,7 @@ itself dies).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import urllib.request
@@ -26,7 +28,7 @@ __all__ = ["CellarDB"]
 class CellarDB(LocalCluster):
     def __init__(self, root: str, nodes: int = 3, *, base_ip: int = 20, protocol: str = "sdpaxos",
                  fsync: str = "batch", snapshot_every: int | None = None, machine: str = "kv",
-                 extra_args: list[str] | None = None, log_level: str = "warning") -> None:
+                 extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False) -> None:
         if nodes < 3 or nodes % 2 == 0:
             raise ValueError(f"{nodes} nodes: a cluster has an odd number of replicas from 3")
         if not 2 <= base_ip <= 250 - nodes:
@@ -35,6 +37,18 @@ class CellarDB(LocalCluster):
                  *(extra_args or [])]
         super().__init__(root, nodes, protocol=protocol, fsync=fsync, cluster_id="jepsen", extra_args=extra,
                          log_level=log_level, http=True, hosts=[f"127.0.0.{base_ip + i}" for i in range(nodes)])
+        # TESTING ONLY: node i ticks at the rate in clock_path(i) (``cellar serve
+        # --clock-control``, consensus.runtime.clock_control), set by the clock nemesis.
+        self.clock_control = clock_control
+
+    def clock_path(self, i: int) -> str:
+        return os.path.join(self.root, f"node{i}.clock")
+
+    def command(self, i: int) -> list[str]:
+        cmd = super().command(i)
+        if self.clock_control:
+            cmd += ["--clock-control", self.clock_path(i)]
+        return cmd
 
     @property
     def ips(self) -> list[str]:

@@ -38,7 +38,9 @@ _OPTIONS = [
     click.option("--workload", type=click.Choice(["kv", "register"]), default="kv", show_default=True,
                  help="kv: compare-and-set registers on several keys; register: one key."),
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
-                 help="Faults to mix: partition, kill, pause (comma-separated; none for no faults)."),
+                 help="Faults to mix, comma-separated (none for no faults): partition (iptables, root), kill, "
+                      "pause, clock (tick-rate skew within the lease's drift bound, through each node's "
+                      "--clock-control file; reset on heal)."),
     click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True),
     click.option("--time", "seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
                  help="Seconds of workload (faults stop 3 s before the end)."),
@@ -59,7 +61,7 @@ def _with_options(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def jepsen() -> None:
-    """Fault-injection tests of real Cellar processes: partitions, kills, pauses."""
+    """Fault-injection tests of real Cellar processes: partitions, kills, pauses, clock skew."""
 
 
 @jepsen.command("run")

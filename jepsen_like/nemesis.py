@@ -10,6 +10,13 @@
   a majority ring (each node sees a majority, no two the same), one way.
 - ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
   sequencer, a minority, or all nodes.
+- ``ClockNemesis``: clock *rate* skew, as the simulator models it (``SimConfig.tick_skew``:
+  node i ticks every ``tick_ms * (1 + skew)``), through each node's clock-control file
+  (``cellar serve --clock-control``, a testing knob: consensus.runtime.clock_control).
+  Skews stay within ``consensus.sim.search.SKEW_MAX`` (2.4 %), so that any two nodes'
+  rates differ by less than the lease's drift bound (5 %): mixed fast and slow nodes,
+  a slow sequencer among fast voters, a fast sequencer among slow voters. ``reset``
+  puts every node back at rate 1.
 - ``schedule``: a seeded list of (start, end, fault kind); the runner
   (``jepsen_like.runner``) applies them and records each interval for the report.
 """
@@ -24,10 +31,11 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
+__all__ = ["ClockNemesis", "CLOCKS", "Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
            "partition_pairs", "schedule", "sweep_stale_chains"]
 
-KINDS = ("partition", "kill", "pause")
+KINDS = ("partition", "kill", "pause", "clock")
+CLOCKS = ("clock-mixed", "clock-sequencer-slow", "clock-sequencer-fast")
 
 
 class NemesisError(RuntimeError):
@@ -187,8 +195,10 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
             choices += list(PARTITIONS)
         elif k in ("kill", "pause"):
             choices += [f"{k}-sequencer", f"{k}-minority", f"{k}-one"]
+        elif k == "clock":
+            choices += list(CLOCKS)
         else:
-            raise ValueError(f"unknown nemesis {k!r} (partition, kill, pause)")
+            raise ValueError(f"unknown nemesis {k!r} ({', '.join(KINDS)})")
     out = []
     t = quiet_s
     while True:
@@ -234,3 +244,63 @@ class ProcessNemesis:
     def resume(self, nodes: list[int]) -> None:
         for i in nodes:
             self.db.resume(i)
+
+
+def skew_bound() -> float:
+    """The simulator's bound on a node's clock skew (2.4 %: any two rates within 5 %)."""
+    from consensus.sim.search import SKEW_MAX
+
+    return SKEW_MAX
+
+
+def clock_skews(kind: str, n: int, rng: random.Random, sequencer: int | None, bound: float | None = None) -> dict[int, float]:
+    """Each node's skew (the simulator's: it ticks every ``tick_ms * (1 + skew)``; positive
+    is slow) for one clock fault, every one within ``bound`` (default ``SKEW_MAX``).
+
+    - ``clock-mixed``: every node skewed, at least one fast and one slow, the sequencer
+      too (its sign drawn);
+    - ``clock-sequencer-slow``: the sequencer as slow as the bound allows, the others as
+      fast (the pair the lease's drift bound is about);
+    - ``clock-sequencer-fast``: the other way round."""
+    b = skew_bound() if bound is None else bound
+    seq = sequencer if sequencer is not None else rng.randrange(n)
+    if kind == "clock-sequencer-slow":
+        return {i: (b if i == seq else -b) for i in range(n)}
+    if kind == "clock-sequencer-fast":
+        return {i: (-b if i == seq else b) for i in range(n)}
+    if kind != "clock-mixed":
+        raise ValueError(f"unknown clock fault {kind!r}")
+    skews = {i: round(rng.uniform(b / 4, b), 4) * rng.choice((-1, 1)) for i in range(n)}
+    others = [i for i in range(n) if i != seq]
+    fast, slow = rng.sample(others, 2)
+    skews[fast], skews[slow] = -abs(skews[fast]), abs(skews[slow])
+    return skews
+
+
+def rate_of(skew: float) -> float:
+    """The clock-control rate of a simulator skew."""
+    return 1.0 / (1.0 + skew)
+
+
+class ClockNemesis:
+    """Sets nodes' tick rates through their clock-control files (``CellarDB(clock_control=True)``)."""
+
+    def __init__(self, db: Any) -> None:
+        if not getattr(db, "clock_control", False):
+            raise NemesisError("the clock nemesis needs nodes started with --clock-control (CellarDB(clock_control=True))")
+        self.db = db
+        self.skews: dict[int, float] = {}
+
+    def set(self, skews: dict[int, float]) -> None:
+        from consensus.runtime.clock_control import write_rate
+
+        for i, skew in sorted(skews.items()):
+            write_rate(self.db.clock_path(i), rate_of(skew))
+        self.skews = {i: s for i, s in skews.items() if s}
+
+    def reset(self) -> None:
+        from consensus.runtime.clock_control import write_rate
+
+        for i in range(self.db.n):
+            write_rate(self.db.clock_path(i), 1.0)
+        self.skews = {}

@@ -5,7 +5,7 @@ nemesis + checkers, and what a person reads afterwards.
 loopback addresses (``jepsen_like.db``); run the contended KV workload
 (``jepsen_like.client``: many sessions, read / write / compare-and-set on a few keys,
 through the HTTP API) for ``spec.seconds`` while the nemesis applies a seeded schedule
-of faults (``jepsen_like.nemesis``: partitions, kills, pauses); then heal everything,
+of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew); then heal everything,
 wait until the replicas hold the same state, read every key on every node, and check:
 
 - **linearizable**: the whole history, per key, against the KV model (the final reads
@@ -36,13 +36,14 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import IptablesNet, ProcessNemesis, iptables_available, partition_pairs, schedule
+from .nemesis import (ClockNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+                      rate_of, schedule)
 from .plots import op_points, stalls
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
-NEMESES = ("partition", "kill", "pause")
+NEMESES = ("partition", "kill", "pause", "clock")
 
 
 @dataclass
@@ -110,6 +111,7 @@ class _Nemesis:
     def __init__(self, db: CellarDB, net: IptablesNet | None, rec: Recorder, rng: random.Random) -> None:
         self.db, self.net, self.rec, self.rng = db, net, rec, rng
         self.proc = ProcessNemesis(db)
+        self.clock = ClockNemesis(db) if db.clock_control else None
         self.faults: list[dict] = []
         self.killed: set[int] = set()
         self.paused: set[int] = set()
@@ -121,9 +123,24 @@ class _Nemesis:
             detail, nodes = await self.apply(kind)
             self.rec.nemesis(f"start {kind}", detail)
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
+            seen = await self.observe(kind)
             await self.undo(kind, nodes)
             ended = self.rec.nemesis(f"stop {kind}", detail)
-            self.faults.append({"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended})
+            fault = {"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended}
+            if seen:
+                fault["observed"] = seen
+            self.faults.append(fault)
+
+    async def observe(self, kind: str) -> dict[str, Any] | None:
+        """Evidence that the fault took effect, from the nodes themselves: the clock
+        rate each node reports ticking at (clock faults)."""
+        if not kind.startswith("clock-"):
+            return None
+        try:
+            statuses = await _statuses(self.db)
+        except Exception as e:  # evidence only: a run does not fail on it
+            return {"error": f"{type(e).__name__}: {e}"}
+        return {"rates": {str(i): (s or {}).get("clock_control", {}).get("rate") for i, s in enumerate(statuses)}}
 
     async def apply(self, kind: str) -> tuple[str, list[int]]:
         n = self.db.n
@@ -137,6 +154,13 @@ class _Nemesis:
                 await _in_thread(self.proc.pause, nodes)
                 self.paused |= set(nodes)
             return f"{action} {nodes}", nodes
+        if kind.startswith("clock-"):
+            assert self.clock is not None
+            seq = await _in_thread(self.db.sequencer)
+            skews = clock_skews(kind, n, self.rng, seq)
+            await _in_thread(self.clock.set, skews)
+            rates = ", ".join(f"{i}:{rate_of(s):.4f}" for i, s in sorted(skews.items()))
+            return f"{kind} (sequencer {seq}) rates {rates}", sorted(skews)
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
@@ -150,12 +174,17 @@ class _Nemesis:
         elif kind.startswith("pause-"):
             await _in_thread(self.proc.resume, nodes)
             self.paused -= set(nodes)
+        elif kind.startswith("clock-"):
+            assert self.clock is not None
+            await _in_thread(self.clock.reset)
         elif self.net is not None:
             await _in_thread(self.net.heal)
 
     async def heal_all(self) -> None:
         if self.net is not None:
             await _in_thread(self.net.heal)
+        if self.clock is not None:
+            await _in_thread(self.clock.reset)
         await _in_thread(self.proc.resume, sorted(self.paused))
         await _in_thread(self.proc.restart, [i for i in range(self.db.n) if not self.db.alive(i)])
         self.killed.clear()
@@ -198,7 +227,8 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     keys = 1 if spec.workload == "register" else spec.keys
-    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every)
+    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
+                  clock_control="clock" in spec.nemesis)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
