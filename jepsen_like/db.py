@@ -28,7 +28,8 @@ __all__ = ["CellarDB"]
 class CellarDB(LocalCluster):
     def __init__(self, root: str, nodes: int = 3, *, base_ip: int = 20, protocol: str = "sdpaxos",
                  fsync: str = "batch", snapshot_every: int | None = None, machine: str = "kv",
-                 extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False) -> None:
+                 extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False,
+                 disk_tmpfs: str | None = None) -> None:
         if nodes < 3 or nodes % 2 == 0:
             raise ValueError(f"{nodes} nodes: a cluster has an odd number of replicas from 3")
         if not 2 <= base_ip <= 250 - nodes:
@@ -40,6 +41,19 @@ class CellarDB(LocalCluster):
         # TESTING ONLY: node i ticks at the rate in clock_path(i) (``cellar serve
         # --clock-control``, consensus.runtime.clock_control), set by the clock nemesis.
         self.clock_control = clock_control
+        # With ``disk_tmpfs`` (a size, say "64m") every node's data dir is a tmpfs of its
+        # own (root only), so that the disk nemesis can fill one (ENOSPC); teardown
+        # copies each aside (``node<i>.saved``) and unmounts it.
+        self.tmpfs: list = []
+        if disk_tmpfs:
+            from .disk import Tmpfs
+
+            try:
+                for i in range(nodes):
+                    self.tmpfs.append(Tmpfs(self.data_dir(i), disk_tmpfs))
+            except OSError:
+                self._unmount(save=False)
+                raise
 
     def clock_path(self, i: int) -> str:
         return os.path.join(self.root, f"node{i}.clock")
@@ -79,6 +93,15 @@ class CellarDB(LocalCluster):
 
     def teardown(self) -> None:
         self.stop_all(timeout_s=5.0)
+        self._unmount(save=True)
+
+    def _unmount(self, save: bool) -> None:
+        for i, t in enumerate(self.tmpfs):
+            if save and t.mounted:
+                shutil.copytree(t.path, t.path + ".saved", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("nemesis-filler", "LOCK"))
+            t.umount()
+        self.tmpfs = []
 
     def sequencer(self, timeout_s: float = 1.0) -> int | None:
         """Who most reachable nodes name as sequencer on their ``/readyz``, or None."""

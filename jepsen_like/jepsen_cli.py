@@ -40,7 +40,9 @@ _OPTIONS = [
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
                  help="Faults to mix, comma-separated (none for no faults): partition (iptables, root), kill, "
                       "pause, clock (tick-rate skew within the lease's drift bound, through each node's "
-                      "--clock-control file; reset on heal)."),
+                      "--clock-control file; reset on heal), disk (on a killed node: a torn write after its "
+                      "WAL's end, or a flipped byte in a durable record, which must be refused; on a running "
+                      "node's own tmpfs: a full disk, ENOSPC, which must stop it; root for the tmpfs)."),
     click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True),
     click.option("--time", "seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
                  help="Seconds of workload (faults stop 3 s before the end)."),
@@ -61,7 +63,7 @@ def _with_options(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def jepsen() -> None:
-    """Fault-injection tests of real Cellar processes: partitions, kills, pauses, clock skew."""
+    """Fault-injection tests of real Cellar processes: partitions, kills, pauses, clock skew, disk faults."""
 
 
 @jepsen.command("run")

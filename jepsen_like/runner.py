@@ -36,14 +36,15 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import (ClockNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
                       rate_of, schedule)
+from .disk import can_mount
 from .plots import op_points, stalls
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
-NEMESES = ("partition", "kill", "pause", "clock")
+NEMESES = ("partition", "kill", "pause", "clock", "disk")
 
 
 @dataclass
@@ -112,6 +113,7 @@ class _Nemesis:
         self.db, self.net, self.rec, self.rng = db, net, rec, rng
         self.proc = ProcessNemesis(db)
         self.clock = ClockNemesis(db) if db.clock_control else None
+        self.disk = DiskNemesis(db, rng)
         self.faults: list[dict] = []
         self.killed: set[int] = set()
         self.paused: set[int] = set()
@@ -124,7 +126,9 @@ class _Nemesis:
             self.rec.nemesis(f"start {kind}", detail)
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
             seen = await self.observe(kind)
-            await self.undo(kind, nodes)
+            done = await self.undo(kind, nodes)
+            if done:
+                seen = {**(seen or {}), **done}
             ended = self.rec.nemesis(f"stop {kind}", detail)
             fault = {"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended}
             if seen:
@@ -154,6 +158,11 @@ class _Nemesis:
                 await _in_thread(self.proc.pause, nodes)
                 self.paused |= set(nodes)
             return f"{action} {nodes}", nodes
+        if kind.startswith("disk-"):
+            seq = await _in_thread(self.db.sequencer)
+            node = seq if seq is not None and self.rng.random() < 0.3 else self.rng.randrange(n)
+            what = await _in_thread(self.disk.apply, kind, node)
+            return f"{kind} on node {node}{' (sequencer)' if node == seq else ''}: {json.dumps(what, default=str)}", [node]
         if kind.startswith("clock-"):
             assert self.clock is not None
             seq = await _in_thread(self.db.sequencer)
@@ -167,7 +176,9 @@ class _Nemesis:
         await _in_thread(self.net.drop, pairs)
         return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
 
-    async def undo(self, kind: str, nodes: list[int]) -> None:
+    async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
+        if kind.startswith("disk-"):
+            return await _in_thread(self.disk.undo, kind, nodes[0])
         if kind.startswith("kill-"):
             await _in_thread(self.proc.restart, nodes)
             self.killed -= set(nodes)
@@ -179,12 +190,14 @@ class _Nemesis:
             await _in_thread(self.clock.reset)
         elif self.net is not None:
             await _in_thread(self.net.heal)
+        return None
 
     async def heal_all(self) -> None:
         if self.net is not None:
             await _in_thread(self.net.heal)
         if self.clock is not None:
             await _in_thread(self.clock.reset)
+        await _in_thread(self.disk.restore_all)
         await _in_thread(self.proc.resume, sorted(self.paused))
         await _in_thread(self.proc.restart, [i for i in range(self.db.n) if not self.db.alive(i)])
         self.killed.clear()
@@ -227,8 +240,9 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     keys = 1 if spec.workload == "register" else spec.keys
+    disk_full = "disk" in spec.nemesis and can_mount() is None
     db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
-                  clock_control="clock" in spec.nemesis)
+                  clock_control="clock" in spec.nemesis, disk_tmpfs="64m" if disk_full else None)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
@@ -238,7 +252,7 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         await db.await_ready(timeout_s=60.0)
         if "partition" in spec.nemesis:
             net = IptablesNet(db.ips)
-        windows = schedule(spec.nemesis, spec.seconds, rng) if spec.nemesis else []
+        windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with HttpKV(db.urls, timeout_s=2.0) as http:
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
@@ -283,8 +297,14 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             "final_reads": reads,
         }
         result["faults"] = nem.faults
+        disk_faults = [f for f in nem.faults if f["kind"].startswith("disk-")]
+        disk_ok = all(f.get("observed", {}).get("ok") for f in disk_faults)
+        if disk_faults:
+            # every node behaved as the WAL's recovery rules say: a torn tail truncated,
+            # a flipped durable byte refused (one line), a full disk stopped the node
+            result["checks"]["disk_faults_handled"] = disk_ok
         result["availability"] = _availability(rec.ops, nem.faults, spec.seconds)
-        if check.valid is False or (converged and not agree):
+        if check.valid is False or (converged and not agree) or not disk_ok:
             verdict = INVALID
         elif check.valid is None or not converged:
             verdict = UNKNOWN
