@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import urllib.error
 import urllib.request
 
 from store.server import LocalCluster
@@ -107,10 +108,22 @@ class CellarDB(LocalCluster):
         """Who most reachable nodes name as sequencer on their ``/readyz``, or None."""
         votes: dict[int, int] = {}
         for url in self.urls:
-            try:
-                with urllib.request.urlopen(url + "/readyz", timeout=timeout_s) as r:
-                    doc = json.loads(r.read())
-            except Exception:
+            doc: dict = {}
+            # the KV API's /readyz names the sequencer; the scheduler's names it on /v1/status
+            for path in ("/readyz", "/v1/status"):
+                try:
+                    with urllib.request.urlopen(url + path, timeout=timeout_s) as r:
+                        doc = json.loads(r.read())
+                except urllib.error.HTTPError as e:  # 503 while not ready: the body still says
+                    try:
+                        doc = json.loads(e.read())
+                    except Exception:
+                        doc = {}
+                except Exception:
+                    doc = {}
+                if isinstance(doc, dict) and ("sequencer" in doc or "leader" in doc):
+                    break
+            if not isinstance(doc, dict):
                 continue
             seq = doc.get("sequencer", doc.get("leader"))
             if isinstance(seq, int):

@@ -35,8 +35,11 @@ def _line(r: dict) -> str:
 
 
 _OPTIONS = [
-    click.option("--workload", type=click.Choice(["kv", "register"]), default="kv", show_default=True,
-                 help="kv: compare-and-set registers on several keys; register: one key."),
+    click.option("--workload", type=click.Choice(["kv", "register", "scheduler"]), default="kv", show_default=True,
+                 help="kv: compare-and-set registers on several keys; register: one key; scheduler: "
+                      "affinity groups allocated and released through the scheduler service "
+                      "(examples/hived-small.yaml), checked by its invariants on every replica, acknowledged "
+                      "allocations surviving, no cell held twice."),
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
                  help="Faults to mix, comma-separated (none for no faults): partition (iptables, root), kill, "
                       "pause, clock (tick-rate skew within the lease's drift bound, through each node's "

@@ -25,6 +25,7 @@ checker gave up, or the cluster never converged). Everything lands in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -40,16 +41,18 @@ from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, cl
                       rate_of, schedule)
 from .disk import can_mount
 from .plots import op_points, stalls
+from .scheduler_workload import HttpScheduler, check_scheduler, default_hived_config, final_state, run_scheduler_workload
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
 NEMESES = ("partition", "kill", "pause", "clock", "disk")
+WORKLOADS = ("kv", "register", "scheduler")
 
 
 @dataclass
 class RunSpec:
-    workload: str = "kv"  # kv: CAS registers on several keys; register: one key
+    workload: str = "kv"  # kv: CAS registers on several keys; register: one key; scheduler: affinity groups
     nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
     nodes: int = 3
     seconds: float = 60.0
@@ -64,10 +67,14 @@ class RunSpec:
     # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
     # "info-as-fail" (jepsen_like.client's wrappers).
     planted: str = ""
+    # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
+    hived_config: str = ""
 
     def validate(self) -> None:
-        if self.workload not in ("kv", "register"):
-            raise ValueError(f"unknown workload {self.workload!r} (kv or register)")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r} ({', '.join(WORKLOADS)})")
+        if self.planted and self.workload == "scheduler":
+            raise ValueError("planted bugs are KV clients: not with the scheduler workload")
         bad = [k for k in self.nemesis if k not in NEMESES]
         if bad:
             raise ValueError(f"unknown nemesis {', '.join(bad)} (choose from {', '.join(NEMESES)})")
@@ -241,8 +248,11 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     rng = random.Random(spec.seed)
     keys = 1 if spec.workload == "register" else spec.keys
     disk_full = "disk" in spec.nemesis and can_mount() is None
+    sched = spec.workload == "scheduler"
+    machine_args = ["--hived-config", spec.hived_config or default_hived_config()] if sched else []
     db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
-                  clock_control="clock" in spec.nemesis, disk_tmpfs="64m" if disk_full else None)
+                  clock_control="clock" in spec.nemesis, disk_tmpfs="64m" if disk_full else None,
+                  machine="scheduler" if sched else "kv", extra_args=machine_args)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
@@ -254,16 +264,23 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             net = IptablesNet(db.ips)
         windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
-        async with HttpKV(db.urls, timeout_s=2.0) as http:
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
                 while not all(b and b.get("ready") for b in await http.readyz()):
                     await asyncio.sleep(0.2)
             client = _planted(spec.planted, http)
+            scheduler = await stack.enter_async_context(HttpScheduler(db.urls, timeout_s=3.0)) if sched else None
             nem = _Nemesis(db, net, rec, rng)
             t0 = rec.t0 = time.monotonic()  # the history's clock starts with the workload
             pause_s = 2.0 * spec.sessions / spec.rate if spec.rate > 0 else 0.0
-            workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
-                                                        seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
+            if scheduler is not None:
+                workload = asyncio.create_task(run_scheduler_workload(scheduler, rec, sessions=spec.sessions,
+                                                                      seconds=spec.seconds, seed=spec.seed,
+                                                                      pause_s=pause_s))
+            else:
+                workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
+                                                            seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
             nemesis = asyncio.create_task(nem.run(windows, t0))
 
             async def ticker() -> None:
@@ -281,21 +298,35 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             say("healed; waiting for the replicas to converge")
             await db.await_ready(timeout_s=60.0)
             converged, statuses = await _converge(db, 90.0)
-            reads = await final_reads(client, rec, keys, process=10_000_000)
+            if scheduler is not None:
+                final = await final_state(scheduler)
+            else:
+                reads = await final_reads(client, rec, keys, process=10_000_000)
         result["workload"] = {"summary": stats.summary(), "invalid_requests": stats.invalid[:20],
                               "counts": {f"{f} {t}": c for (f, t), c in sorted(stats.counts.items())}}
-        check = check_history(rec.ops, timeout_s=max(60.0, spec.seconds))
-        agree = all(len({json.dumps(v) for v in per_node.values()}) == 1 and len(per_node) == spec.nodes
-                    for per_node in reads.values()) and len(reads) == keys
-        result["checks"] = {
-            "linearizable": check.valid,
-            "linearizability": {"ops": check.ops, "keys": check.partitions, "seconds": round(check.seconds, 2),
-                                "violation": None if check.violation is None else str(check.violation.reason)},
-            "converged": converged,
-            "digests": [None if s is None else {"exec_slot": s["exec_slot"], "digest": s["digest"]} for s in statuses],
-            "final_reads_agree": agree,
-            "final_reads": reads,
-        }
+        digests = [None if s is None else {"exec_slot": s["exec_slot"], "digest": s["digest"]} for s in statuses]
+        if scheduler is not None:
+            sc = check_scheduler(rec.ops, final, spec.nodes)
+            # the scheduler's history is checked by its own rules (scheduler_workload's
+            # docstring), not the KV model; "linearizable" stands for all of them
+            result["checks"] = {"linearizable": sc["valid"], "scheduler": sc, "converged": converged,
+                                "digests": digests, "final_reads_agree": sc["final_states_agree"],
+                                "final_groups": {str(n): g for n, g in final["groups"].items()}}
+            check_valid, agree = sc["valid"], sc["final_states_agree"]
+        else:
+            check = check_history(rec.ops, timeout_s=max(60.0, spec.seconds))
+            agree = all(len({json.dumps(v) for v in per_node.values()}) == 1 and len(per_node) == spec.nodes
+                        for per_node in reads.values()) and len(reads) == keys
+            result["checks"] = {
+                "linearizable": check.valid,
+                "linearizability": {"ops": check.ops, "keys": check.partitions, "seconds": round(check.seconds, 2),
+                                    "violation": None if check.violation is None else str(check.violation.reason)},
+                "converged": converged,
+                "digests": digests,
+                "final_reads_agree": agree,
+                "final_reads": reads,
+            }
+            check_valid = check.valid
         result["faults"] = nem.faults
         disk_faults = [f for f in nem.faults if f["kind"].startswith("disk-")]
         disk_ok = all(f.get("observed", {}).get("ok") for f in disk_faults)
@@ -304,9 +335,9 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             # a flipped durable byte refused (one line), a full disk stopped the node
             result["checks"]["disk_faults_handled"] = disk_ok
         result["availability"] = _availability(rec.ops, nem.faults, spec.seconds)
-        if check.valid is False or (converged and not agree) or not disk_ok:
+        if check_valid is False or (converged and not agree) or not disk_ok:
             verdict = INVALID
-        elif check.valid is None or not converged:
+        elif check_valid is None or not converged:
             verdict = UNKNOWN
         else:
             verdict = VALID
@@ -334,7 +365,11 @@ def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarD
         from .report import write_report
 
         client_ops = [o for o in rec.ops if o.process != "nemesis"]
-        write_report(out / "timeline.html", client_ops, KV(), None, title=f"{result.get('name')} ({result.get('verdict')})")
+        if result.get("spec", {}).get("workload") == "scheduler":  # the timeline draws KV histories
+            result["timeline"] = "none for the scheduler workload: its history is in history.jsonl"
+        else:
+            write_report(out / "timeline.html", client_ops, KV(), None,
+                         title=f"{result.get('name')} ({result.get('verdict')})")
     except Exception as e:  # a report is a convenience: the verdict stands without it
         result["report_error"] = f"{type(e).__name__}: {e}"
     try:
