@@ -29,9 +29,10 @@ def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) ->
 def _line(r: dict) -> str:
     c = r.get("checks", {})
     a = r.get("availability", {})
-    return (f"{r.get('verdict', UNKNOWN):8} seed {r['spec']['seed']:<6} linearizable {c.get('linearizable')}  "
+    what = "scheduler checks" if r["spec"].get("workload") == "scheduler" else "linearizable"
+    return (f"{r.get('verdict', UNKNOWN):8} seed {r['spec']['seed']:<6} {what} {c.get('linearizable')}  "
             f"converged {c.get('converged')}  reads agree {c.get('final_reads_agree')}  "
-            f"faults {len(r.get('faults', []))}  longest stall {a.get('longest_stall_s')} s  {r.get('dir')}")
+            f"faults {len(r.get('faults', []))}{'' if c.get('disk_faults_handled', True) else ' (a disk fault mishandled)'}  longest stall {a.get('longest_stall_s')} s  {r.get('dir')}")
 
 
 _OPTIONS = [

@@ -196,18 +196,19 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
              fault_s: tuple[float, float] = (2.0, 5.0), gap_s: tuple[float, float] = (1.0, 3.0),
              disk_full: bool = True) -> list[tuple[float, float, str]]:
     """Fault windows (start, end, kind) over ``seconds``: a quiet start, then faults of
-    the chosen kinds one after another with gaps, ending ``quiet_s`` before the end
+    the chosen kinds one after another with gaps (a nemesis drawn uniformly, then one of
+    its shapes), ending ``quiet_s`` before the end
     (so that the cluster heals before the final reads)."""
-    choices = []
+    families: list[list[str]] = []
     for k in kinds:
         if k == "partition":
-            choices += list(PARTITIONS)
+            families.append(list(PARTITIONS))
         elif k in ("kill", "pause"):
-            choices += [f"{k}-sequencer", f"{k}-minority", f"{k}-one"]
+            families.append([f"{k}-sequencer", f"{k}-minority", f"{k}-one"])
         elif k == "clock":
-            choices += list(CLOCKS)
+            families.append(list(CLOCKS))
         elif k == "disk":
-            choices += [d for d in DISKS if disk_full or d != "disk-full"]
+            families.append([d for d in DISKS if disk_full or d != "disk-full"])
         else:
             raise ValueError(f"unknown nemesis {k!r} ({', '.join(KINDS)})")
     out = []
@@ -216,7 +217,9 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
         length = rng.uniform(*fault_s)
         if t + length > seconds - quiet_s:
             break
-        out.append((t, t + length, rng.choice(choices)))
+        # each nemesis as often as the others, whatever its number of shapes
+        family = families[0] if len(families) == 1 else rng.choice(families)
+        out.append((t, t + length, rng.choice(family)))
         t += length + rng.uniform(*gap_s)
     return out
 

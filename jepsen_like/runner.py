@@ -251,7 +251,7 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     sched = spec.workload == "scheduler"
     machine_args = ["--hived-config", spec.hived_config or default_hived_config()] if sched else []
     db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
-                  clock_control="clock" in spec.nemesis, disk_tmpfs="64m" if disk_full else None,
+                  clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
                   machine="scheduler" if sched else "kv", extra_args=machine_args)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}

@@ -18,7 +18,10 @@ malformed peer frame or client request closes that connection only.
 
 Ticks come from the monotonic clock and are never dropped: after a stall the replica
 receives every tick that elapsed. That keeps the sequencer's lease honest (its lease
-is counted in its own ticks, so they must not run slower than real time).
+is counted in its own ticks, so they must not run slower than real time). TESTING ONLY:
+``cellar serve --clock-control FILE`` counts them on a clock whose rate a test sets
+(``consensus.runtime.clock_control``, the Jepsen clock nemesis); without it nothing
+changes.
 
 Snapshots: every ``snapshot_every`` executed slots the node asks the replica for a
 snapshot, writes it atomically (``consensus.storage.snapshot``), lets the replica compact its

@@ -12,8 +12,9 @@ at the old sequencer, then check the history.
   election timeouts and on scheduling, so only what is certain is asserted: a stale
   read seen directly (a read at the old sequencer returning a value older than one the
   majority acknowledged before the read began) makes the checker call the history
-  non-linearizable. What the trial saw is printed (``-s``). On this machine every trial
-  found tens of stale reads in a window of about 30-40 ms (see docs/jepsen.md).
+  non-linearizable. What the trial saw is printed (``-s``). On this machine 8 trials
+  of 10 found stale reads (59-427 of them, the old sequencer serving 33-115 ms past the
+  majority's first acknowledged write) and 2 found none (docs/jepsen.md).
 """
 
 from __future__ import annotations
