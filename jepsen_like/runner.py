@@ -121,6 +121,7 @@ class _Nemesis:
         self.proc = ProcessNemesis(db)
         self.clock = ClockNemesis(db) if db.clock_control else None
         self.disk = DiskNemesis(db, rng)
+        self._clock_start: tuple[float, dict[int, int]] | None = None
         self.faults: list[dict] = []
         self.killed: set[int] = set()
         self.paused: set[int] = set()
@@ -142,16 +143,35 @@ class _Nemesis:
                 fault["observed"] = seen
             self.faults.append(fault)
 
+    async def _ticks(self) -> tuple[float, dict[int, int]]:
+        """(monotonic time, each answering node's tick count) from the nodes' status."""
+        try:
+            statuses = await _statuses(self.db)
+        except Exception:  # evidence only: a run does not fail on it
+            statuses = []
+        t = time.monotonic()
+        return t, {i: s["clock_control"]["ticks"] for i, s in enumerate(statuses) if s and "clock_control" in s}
+
     async def observe(self, kind: str) -> dict[str, Any] | None:
-        """Evidence that the fault took effect, from the nodes themselves: the clock
-        rate each node reports ticking at (clock faults)."""
+        """Evidence that the fault took effect, from the nodes themselves (clock faults):
+        the rate each node reports ticking at, and the rate it really ticked at over the
+        window (its ticks counted at the start and now, against the harness's clock; a
+        paused or busy loop catches up later, so this is a measurement, not a check)."""
         if not kind.startswith("clock-"):
             return None
         try:
             statuses = await _statuses(self.db)
         except Exception as e:  # evidence only: a run does not fail on it
             return {"error": f"{type(e).__name__}: {e}"}
-        return {"rates": {str(i): (s or {}).get("clock_control", {}).get("rate") for i, s in enumerate(statuses)}}
+        seen: dict[str, Any] = {"rates": {str(i): (s or {}).get("clock_control", {}).get("rate")
+                                          for i, s in enumerate(statuses)}}
+        if self._clock_start is not None:
+            t0, before = self._clock_start
+            t1, after = await self._ticks()
+            tick_s = 0.01  # NodeConfig.tick_ms, which CellarDB does not change
+            seen["measured_rates"] = {str(i): round((after[i] - before[i]) * tick_s / (t1 - t0), 4)
+                                      for i in sorted(set(before) & set(after)) if t1 > t0}
+        return seen
 
     async def apply(self, kind: str) -> tuple[str, list[int]]:
         n = self.db.n
@@ -175,6 +195,8 @@ class _Nemesis:
             seq = await _in_thread(self.db.sequencer)
             skews = clock_skews(kind, n, self.rng, seq)
             await _in_thread(self.clock.set, skews)
+            await asyncio.sleep(0.1)  # the nodes look at their files every 50 ms
+            self._clock_start = await self._ticks()
             rates = ", ".join(f"{i}:{rate_of(s):.4f}" for i, s in sorted(skews.items()))
             return f"{kind} (sequencer {seq}) rates {rates}", sorted(skews)
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
