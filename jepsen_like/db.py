@@ -7,9 +7,10 @@ dials its peers *from* that address, so that a packet between two nodes names bo
 connect from 127.0.0.1). It adds what a nemesis needs on top of start, stop (SIGTERM)
 and kill (SIGKILL): pause (SIGSTOP), resume (SIGCONT), restart, wipe a stopped node's
 data, and the sequencer the nodes name. With ``clock_control`` each node ticks at the
-rate in its own file (``clock_path``), which the clock nemesis sets. Every process is its own child, ended by pid
-in ``teardown`` (and, through ``--exit-with-parent``, by the kernel if the harness
-itself dies).
+rate in its own file (``clock_path``), which the clock nemesis sets; with ``disk_tmpfs``
+each node's data dir is a tmpfs of its own (the disk nemesis fills one). Every process
+is its own child, ended by pid in ``teardown`` (and, through ``--exit-with-parent``, by
+the kernel if the harness itself dies).
 """
 
 from __future__ import annotations
@@ -98,10 +99,14 @@ class CellarDB(LocalCluster):
 
     def _unmount(self, save: bool) -> None:
         for i, t in enumerate(self.tmpfs):
-            if save and t.mounted:
-                shutil.copytree(t.path, t.path + ".saved", dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("nemesis-filler", "LOCK"))
-            t.umount()
+            try:
+                if save and t.mounted:  # for a failed run's post-mortem (removed if valid)
+                    shutil.copytree(t.path, t.path + ".saved", dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("nemesis-filler", "LOCK"))
+            except OSError:
+                pass
+            finally:
+                t.umount()
         self.tmpfs = []
 
     def sequencer(self, timeout_s: float = 1.0) -> int | None:
