@@ -416,7 +416,8 @@ class WorkloadStats:
 
     def summary(self) -> str:
         parts = []
-        for f in ("read", "write", "cas"):
+        other = sorted({f for f, _t in self.counts} - {"read", "write", "cas"})  # the scheduler's
+        for f in (["read", "write", "cas"] if not other else [f for f in ("read",) if self.n(f)] + other):
             c = {t: self.counts.get((f, t), 0) for t in (OK, FAIL, INFO)}
             parts.append(f"{f} {c[OK]} ok / {c[FAIL]} fail / {c[INFO]} info")
         return f"{self.n()} ops in {self.seconds:.1f} s ({', '.join(parts)})"

@@ -6,16 +6,20 @@ dials its peers *from* that address, so that a packet between two nodes names bo
 (``jepsen_like.nemesis`` partitions them with iptables without touching clients, which
 connect from 127.0.0.1). It adds what a nemesis needs on top of start, stop (SIGTERM)
 and kill (SIGKILL): pause (SIGSTOP), resume (SIGCONT), restart, wipe a stopped node's
-data, and the sequencer the nodes name. Every process is its own child, ended by pid
-in ``teardown`` (and, through ``--exit-with-parent``, by the kernel if the harness
-itself dies).
+data, and the sequencer the nodes name. With ``clock_control`` each node ticks at the
+rate in its own file (``clock_path``), which the clock nemesis sets; with ``disk_tmpfs``
+each node's data dir is a tmpfs of its own (the disk nemesis fills one). Every process
+is its own child, ended by pid in ``teardown`` (and, through ``--exit-with-parent``, by
+the kernel if the harness itself dies).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import urllib.error
 import urllib.request
 
 from store.server import LocalCluster
@@ -26,7 +30,8 @@ __all__ = ["CellarDB"]
 class CellarDB(LocalCluster):
     def __init__(self, root: str, nodes: int = 3, *, base_ip: int = 20, protocol: str = "sdpaxos",
                  fsync: str = "batch", snapshot_every: int | None = None, machine: str = "kv",
-                 extra_args: list[str] | None = None, log_level: str = "warning") -> None:
+                 extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False,
+                 disk_tmpfs: str | None = None) -> None:
         if nodes < 3 or nodes % 2 == 0:
             raise ValueError(f"{nodes} nodes: a cluster has an odd number of replicas from 3")
         if not 2 <= base_ip <= 250 - nodes:
@@ -35,6 +40,31 @@ class CellarDB(LocalCluster):
                  *(extra_args or [])]
         super().__init__(root, nodes, protocol=protocol, fsync=fsync, cluster_id="jepsen", extra_args=extra,
                          log_level=log_level, http=True, hosts=[f"127.0.0.{base_ip + i}" for i in range(nodes)])
+        # TESTING ONLY: node i ticks at the rate in clock_path(i) (``cellar serve
+        # --clock-control``, consensus.runtime.clock_control), set by the clock nemesis.
+        self.clock_control = clock_control
+        # With ``disk_tmpfs`` (a size, say "64m") every node's data dir is a tmpfs of its
+        # own (root only), so that the disk nemesis can fill one (ENOSPC); teardown
+        # copies each aside (``node<i>.saved``) and unmounts it.
+        self.tmpfs: list = []
+        if disk_tmpfs:
+            from .disk import Tmpfs
+
+            try:
+                for i in range(nodes):
+                    self.tmpfs.append(Tmpfs(self.data_dir(i), disk_tmpfs))
+            except OSError:
+                self._unmount(save=False)
+                raise
+
+    def clock_path(self, i: int) -> str:
+        return os.path.join(self.root, f"node{i}.clock")
+
+    def command(self, i: int) -> list[str]:
+        cmd = super().command(i)
+        if self.clock_control:
+            cmd += ["--clock-control", self.clock_path(i)]
+        return cmd
 
     @property
     def ips(self) -> list[str]:
@@ -65,15 +95,40 @@ class CellarDB(LocalCluster):
 
     def teardown(self) -> None:
         self.stop_all(timeout_s=5.0)
+        self._unmount(save=True)
+
+    def _unmount(self, save: bool) -> None:
+        for i, t in enumerate(self.tmpfs):
+            try:
+                if save and t.mounted:  # for a failed run's post-mortem (removed if valid)
+                    shutil.copytree(t.path, t.path + ".saved", dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("nemesis-filler", "LOCK"))
+            except OSError:
+                pass
+            finally:
+                t.umount()
+        self.tmpfs = []
 
     def sequencer(self, timeout_s: float = 1.0) -> int | None:
         """Who most reachable nodes name as sequencer on their ``/readyz``, or None."""
         votes: dict[int, int] = {}
         for url in self.urls:
-            try:
-                with urllib.request.urlopen(url + "/readyz", timeout=timeout_s) as r:
-                    doc = json.loads(r.read())
-            except Exception:
+            doc: dict = {}
+            # the KV API's /readyz names the sequencer; the scheduler's names it on /v1/status
+            for path in ("/readyz", "/v1/status"):
+                try:
+                    with urllib.request.urlopen(url + path, timeout=timeout_s) as r:
+                        doc = json.loads(r.read())
+                except urllib.error.HTTPError as e:  # 503 while not ready: the body still says
+                    try:
+                        doc = json.loads(e.read())
+                    except Exception:
+                        doc = {}
+                except Exception:
+                    doc = {}
+                if isinstance(doc, dict) and ("sequencer" in doc or "leader" in doc):
+                    break
+            if not isinstance(doc, dict):
                 continue
             seq = doc.get("sequencer", doc.get("leader"))
             if isinstance(seq, int):

@@ -29,16 +29,24 @@ def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) ->
 def _line(r: dict) -> str:
     c = r.get("checks", {})
     a = r.get("availability", {})
-    return (f"{r.get('verdict', UNKNOWN):8} seed {r['spec']['seed']:<6} linearizable {c.get('linearizable')}  "
+    what = "scheduler checks" if r["spec"].get("workload") == "scheduler" else "linearizable"
+    return (f"{r.get('verdict', UNKNOWN):8} seed {r['spec']['seed']:<6} {what} {c.get('linearizable')}  "
             f"converged {c.get('converged')}  reads agree {c.get('final_reads_agree')}  "
-            f"faults {len(r.get('faults', []))}  longest stall {a.get('longest_stall_s')} s  {r.get('dir')}")
+            f"faults {len(r.get('faults', []))}{'' if c.get('disk_faults_handled', True) else ' (a disk fault mishandled)'}  longest stall {a.get('longest_stall_s')} s  {r.get('dir')}")
 
 
 _OPTIONS = [
-    click.option("--workload", type=click.Choice(["kv", "register"]), default="kv", show_default=True,
-                 help="kv: compare-and-set registers on several keys; register: one key."),
+    click.option("--workload", type=click.Choice(["kv", "register", "scheduler"]), default="kv", show_default=True,
+                 help="kv: compare-and-set registers on several keys; register: one key; scheduler: "
+                      "affinity groups allocated and released through the scheduler service "
+                      "(examples/hived-small.yaml), checked by its invariants on every replica, acknowledged "
+                      "allocations surviving, no cell held twice."),
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
-                 help="Faults to mix: partition, kill, pause (comma-separated; none for no faults)."),
+                 help="Faults to mix, comma-separated (none for no faults): partition (iptables, root), kill, "
+                      "pause, clock (tick-rate skew within the lease's drift bound, through each node's "
+                      "--clock-control file; reset on heal), disk (on a killed node: a torn write after its "
+                      "WAL's end, or a flipped byte in a durable record, which must be refused; on a running "
+                      "node's own tmpfs: a full disk, ENOSPC, which must stop it; root for the tmpfs)."),
     click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True),
     click.option("--time", "seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
                  help="Seconds of workload (faults stop 3 s before the end)."),
@@ -59,7 +67,7 @@ def _with_options(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def jepsen() -> None:
-    """Fault-injection tests of real Cellar processes: partitions, kills, pauses."""
+    """Fault-injection tests of real Cellar processes: partitions, kills, pauses, clock skew, disk faults."""
 
 
 @jepsen.command("run")

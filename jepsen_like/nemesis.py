@@ -10,6 +10,20 @@
   a majority ring (each node sees a majority, no two the same), one way.
 - ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
   sequencer, a minority, or all nodes.
+- ``ClockNemesis``: clock *rate* skew, as the simulator models it (``SimConfig.tick_skew``:
+  node i ticks every ``tick_ms * (1 + skew)``), through each node's clock-control file
+  (``cellar serve --clock-control``, a testing knob: consensus.runtime.clock_control).
+  Skews stay within ``consensus.sim.search.SKEW_MAX`` (2.4 %), so that any two nodes'
+  rates differ by less than the lease's drift bound (5 %): mixed fast and slow nodes,
+  a slow sequencer among fast voters, a fast sequencer among slow voters. ``reset``
+  puts every node back at rate 1.
+- ``DiskNemesis`` (faults in ``jepsen_like.disk``): on a killed node before its
+  restart, a torn write after the end of its WAL (recovery must truncate it) or one
+  flipped byte in a durable record (the node must refuse to start with one line; the
+  byte is then put back, as a disk restored from a mirror, and the node restarts);
+  or, on a running node whose data dir is a tmpfs of its own, a full disk (ENOSPC:
+  the node must stop by itself with one line; the filler is removed and the node
+  restarts on the same data). Each fault records what the node did.
 - ``schedule``: a seeded list of (start, end, fault kind); the runner
   (``jepsen_like.runner``) applies them and records each interval for the report.
 """
@@ -24,10 +38,12 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
+__all__ = ["ClockNemesis", "CLOCKS", "DISKS", "DiskNemesis", "Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
            "partition_pairs", "schedule", "sweep_stale_chains"]
 
-KINDS = ("partition", "kill", "pause")
+KINDS = ("partition", "kill", "pause", "clock", "disk")
+CLOCKS = ("clock-mixed", "clock-sequencer-slow", "clock-sequencer-fast")
+DISKS = ("disk-torn", "disk-flip", "disk-full")
 
 
 class NemesisError(RuntimeError):
@@ -177,25 +193,33 @@ PARTITIONS = ("halves", "isolate", "isolate-sequencer", "bridge", "ring", "one-w
 
 
 def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: float = 3.0,
-             fault_s: tuple[float, float] = (2.0, 5.0), gap_s: tuple[float, float] = (1.0, 3.0)) -> list[tuple[float, float, str]]:
+             fault_s: tuple[float, float] = (2.0, 5.0), gap_s: tuple[float, float] = (1.0, 3.0),
+             disk_full: bool = True) -> list[tuple[float, float, str]]:
     """Fault windows (start, end, kind) over ``seconds``: a quiet start, then faults of
-    the chosen kinds one after another with gaps, ending ``quiet_s`` before the end
+    the chosen kinds one after another with gaps (a nemesis drawn uniformly, then one of
+    its shapes), ending ``quiet_s`` before the end
     (so that the cluster heals before the final reads)."""
-    choices = []
+    families: list[list[str]] = []
     for k in kinds:
         if k == "partition":
-            choices += list(PARTITIONS)
+            families.append(list(PARTITIONS))
         elif k in ("kill", "pause"):
-            choices += [f"{k}-sequencer", f"{k}-minority", f"{k}-one"]
+            families.append([f"{k}-sequencer", f"{k}-minority", f"{k}-one"])
+        elif k == "clock":
+            families.append(list(CLOCKS))
+        elif k == "disk":
+            families.append([d for d in DISKS if disk_full or d != "disk-full"])
         else:
-            raise ValueError(f"unknown nemesis {k!r} (partition, kill, pause)")
+            raise ValueError(f"unknown nemesis {k!r} ({', '.join(KINDS)})")
     out = []
     t = quiet_s
     while True:
         length = rng.uniform(*fault_s)
         if t + length > seconds - quiet_s:
             break
-        out.append((t, t + length, rng.choice(choices)))
+        # each nemesis as often as the others, whatever its number of shapes
+        family = families[0] if len(families) == 1 else rng.choice(families)
+        out.append((t, t + length, rng.choice(family)))
         t += length + rng.uniform(*gap_s)
     return out
 
@@ -234,3 +258,182 @@ class ProcessNemesis:
     def resume(self, nodes: list[int]) -> None:
         for i in nodes:
             self.db.resume(i)
+
+
+def skew_bound() -> float:
+    """The simulator's bound on a node's clock skew (2.4 %: any two rates within 5 %)."""
+    from consensus.sim.search import SKEW_MAX
+
+    return SKEW_MAX
+
+
+def clock_skews(kind: str, n: int, rng: random.Random, sequencer: int | None, bound: float | None = None) -> dict[int, float]:
+    """Each node's skew (the simulator's: it ticks every ``tick_ms * (1 + skew)``; positive
+    is slow) for one clock fault, every one within ``bound`` (default ``SKEW_MAX``).
+
+    - ``clock-mixed``: every node skewed, at least one fast and one slow, the sequencer
+      too (its sign drawn);
+    - ``clock-sequencer-slow``: the sequencer as slow as the bound allows, the others as
+      fast (the pair the lease's drift bound is about);
+    - ``clock-sequencer-fast``: the other way round."""
+    b = skew_bound() if bound is None else bound
+    seq = sequencer if sequencer is not None else rng.randrange(n)
+    if kind == "clock-sequencer-slow":
+        return {i: (b if i == seq else -b) for i in range(n)}
+    if kind == "clock-sequencer-fast":
+        return {i: (-b if i == seq else b) for i in range(n)}
+    if kind != "clock-mixed":
+        raise ValueError(f"unknown clock fault {kind!r}")
+    skews = {i: round(rng.uniform(b / 4, b), 4) * rng.choice((-1, 1)) for i in range(n)}
+    others = [i for i in range(n) if i != seq]
+    fast, slow = rng.sample(others, 2)
+    skews[fast], skews[slow] = -abs(skews[fast]), abs(skews[slow])
+    return skews
+
+
+def rate_of(skew: float) -> float:
+    """The clock-control rate of a simulator skew."""
+    return 1.0 / (1.0 + skew)
+
+
+class ClockNemesis:
+    """Sets nodes' tick rates through their clock-control files (``CellarDB(clock_control=True)``)."""
+
+    def __init__(self, db: Any) -> None:
+        if not getattr(db, "clock_control", False):
+            raise NemesisError("the clock nemesis needs nodes started with --clock-control (CellarDB(clock_control=True))")
+        self.db = db
+        self.skews: dict[int, float] = {}
+
+    def set(self, skews: dict[int, float]) -> None:
+        from consensus.runtime.clock_control import write_rate
+
+        for i, skew in sorted(skews.items()):
+            write_rate(self.db.clock_path(i), rate_of(skew))
+        self.skews = {i: s for i, s in skews.items() if s}
+
+    def reset(self) -> None:
+        from consensus.runtime.clock_control import write_rate
+
+        for i in range(self.db.n):
+            write_rate(self.db.clock_path(i), 1.0)
+        self.skews = {}
+
+
+class DiskNemesis:
+    """Disk faults on nodes of a ``jepsen_like.db.CellarDB`` (``disk_tmpfs=True`` for disk-full)."""
+
+    def __init__(self, db: Any, rng: random.Random) -> None:
+        self.db, self.rng = db, rng
+        self.flipped: dict[int, dict[str, Any]] = {}
+        self.fillers: dict[int, str] = {}
+        self.marks: dict[int, int] = {}  # node -> its log's size when the disk was filled
+
+    def _wait(self, i: int, timeout_s: float = 30.0) -> tuple[str, int | None, str]:
+        """("ready" | "exited" | "timeout", exit status, the log's last line) of node i
+        after a start, bounded."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            proc = self.db.procs.get(i)
+            if proc is not None and proc.poll() is not None:
+                return "exited", proc.returncode, self.db.log_tail(i, 1)
+            if os.path.exists(self.db._ready_file(i)):
+                return "ready", None, self.db.log_tail(i, 1)
+            time.sleep(0.02)
+        return "timeout", None, self.db.log_tail(i, 1)
+
+    def _log_size(self, i: int) -> int:
+        try:
+            return os.path.getsize(self.db.log_path(i))
+        except OSError:
+            return 0
+
+    def _log_since(self, i: int, offset: int) -> str:
+        try:
+            with open(self.db.log_path(i), "rb") as f:
+                f.seek(offset)
+                return f.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def apply(self, kind: str, node: int) -> dict[str, Any]:
+        from . import disk
+
+        d = self.db.data_dir(node)
+        if kind == "disk-full":
+            filler = os.path.join(d, "nemesis-filler")
+            self.fillers[node] = filler
+            self.marks[node] = self._log_size(node)
+            return {"filled_bytes": disk.fill(filler)}
+        self.db.kill(node)
+        if kind == "disk-torn":
+            return {"torn": disk.tear_tail(d, self.rng)}
+        if kind == "disk-flip":
+            info = disk.flip_byte(d, self.rng)
+            if info is not None:
+                self.flipped[node] = info
+            return {"flipped": info}
+        raise ValueError(f"unknown disk fault {kind!r}")
+
+    def undo(self, kind: str, node: int) -> dict[str, Any]:
+        """Bring the node back; what it did (``ok`` False: the node did not behave as the
+        WAL's recovery rules say)."""
+        if kind == "disk-full":
+            alive = self.db.alive(node)
+            code = None if alive else self.db.procs[node].returncode
+            line = self.db.log_tail(node, 1)
+            filler = self.fillers.pop(node, None)
+            if filler is not None:
+                try:
+                    os.unlink(filler)
+                except FileNotFoundError:
+                    pass
+            seen: dict[str, Any] = {"stopped": not alive, "exit_status": code,
+                                    "line": None if alive else line[:600]}
+            if not alive:
+                # crash-only: exit status 1, one line, no traceback in the log
+                clean = "Traceback" not in self._log_since(node, self.marks.pop(node, 0))
+                self.db.start(node)
+                state, _code, _line = self._wait(node)
+                seen.update(restart=state, no_traceback=clean, ok=code == 1 and clean and state == "ready")
+            else:  # no write needed space while the disk was full: nothing to see
+                seen["ok"] = True
+            return seen
+        mark = self._log_size(node)
+        self.db.start(node)
+        state, code, line = self._wait(node)
+        if kind == "disk-torn":
+            text = self._log_since(node, mark)
+            truncated = "torn tail" in text
+            return {"restart": state, "truncated_torn_tail": truncated, "ok": state == "ready" and truncated}
+        info = self.flipped.pop(node, None)
+        if info is None:  # nothing durable to flip: a plain restart
+            return {"restart": state, "ok": state == "ready"}
+        seen = {"first_start": state, "exit_status": code, "line": line[:600],
+                "refused": state == "exited" and code == 2 and "refusing to start" in line}
+        if state == "exited":
+            disk_unflip(info)
+            self.db.start(node)
+            seen["after_unflip"] = self._wait(node)[0]
+        seen["ok"] = bool(seen["refused"]) and seen.get("after_unflip") == "ready"
+        return seen
+
+    def restore_all(self) -> None:
+        """Heal: every filler removed, every flipped byte put back (nodes not restarted)."""
+        for filler in self.fillers.values():
+            try:
+                os.unlink(filler)
+            except FileNotFoundError:
+                pass
+        self.fillers.clear()
+        for info in self.flipped.values():
+            disk_unflip(info)
+        self.flipped.clear()
+
+
+def disk_unflip(info: dict[str, Any]) -> None:
+    from .disk import unflip
+
+    unflip(info)

@@ -5,7 +5,7 @@ nemesis + checkers, and what a person reads afterwards.
 loopback addresses (``jepsen_like.db``); run the contended KV workload
 (``jepsen_like.client``: many sessions, read / write / compare-and-set on a few keys,
 through the HTTP API) for ``spec.seconds`` while the nemesis applies a seeded schedule
-of faults (``jepsen_like.nemesis``: partitions, kills, pauses); then heal everything,
+of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew); then heal everything,
 wait until the replicas hold the same state, read every key on every node, and check:
 
 - **linearizable**: the whole history, per key, against the KV model (the final reads
@@ -25,6 +25,7 @@ checker gave up, or the cluster never converged). Everything lands in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -36,18 +37,22 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import IptablesNet, ProcessNemesis, iptables_available, partition_pairs, schedule
+from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+                      rate_of, schedule)
+from .disk import can_mount
 from .plots import op_points, stalls
+from .scheduler_workload import HttpScheduler, check_scheduler, default_hived_config, final_state, run_scheduler_workload
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
-NEMESES = ("partition", "kill", "pause")
+NEMESES = ("partition", "kill", "pause", "clock", "disk")
+WORKLOADS = ("kv", "register", "scheduler")
 
 
 @dataclass
 class RunSpec:
-    workload: str = "kv"  # kv: CAS registers on several keys; register: one key
+    workload: str = "kv"  # kv: CAS registers on several keys; register: one key; scheduler: affinity groups
     nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
     nodes: int = 3
     seconds: float = 60.0
@@ -62,10 +67,14 @@ class RunSpec:
     # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
     # "info-as-fail" (jepsen_like.client's wrappers).
     planted: str = ""
+    # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
+    hived_config: str = ""
 
     def validate(self) -> None:
-        if self.workload not in ("kv", "register"):
-            raise ValueError(f"unknown workload {self.workload!r} (kv or register)")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r} ({', '.join(WORKLOADS)})")
+        if self.planted and self.workload == "scheduler":
+            raise ValueError("planted bugs are KV clients: not with the scheduler workload")
         bad = [k for k in self.nemesis if k not in NEMESES]
         if bad:
             raise ValueError(f"unknown nemesis {', '.join(bad)} (choose from {', '.join(NEMESES)})")
@@ -110,6 +119,9 @@ class _Nemesis:
     def __init__(self, db: CellarDB, net: IptablesNet | None, rec: Recorder, rng: random.Random) -> None:
         self.db, self.net, self.rec, self.rng = db, net, rec, rng
         self.proc = ProcessNemesis(db)
+        self.clock = ClockNemesis(db) if db.clock_control else None
+        self.disk = DiskNemesis(db, rng)
+        self._clock_start: tuple[float, dict[int, int]] | None = None
         self.faults: list[dict] = []
         self.killed: set[int] = set()
         self.paused: set[int] = set()
@@ -121,9 +133,45 @@ class _Nemesis:
             detail, nodes = await self.apply(kind)
             self.rec.nemesis(f"start {kind}", detail)
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
-            await self.undo(kind, nodes)
+            seen = await self.observe(kind)
+            done = await self.undo(kind, nodes)
+            if done:
+                seen = {**(seen or {}), **done}
             ended = self.rec.nemesis(f"stop {kind}", detail)
-            self.faults.append({"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended})
+            fault = {"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended}
+            if seen:
+                fault["observed"] = seen
+            self.faults.append(fault)
+
+    async def _ticks(self) -> tuple[float, dict[int, int]]:
+        """(monotonic time, each answering node's tick count) from the nodes' status."""
+        try:
+            statuses = await _statuses(self.db)
+        except Exception:  # evidence only: a run does not fail on it
+            statuses = []
+        t = time.monotonic()
+        return t, {i: s["clock_control"]["ticks"] for i, s in enumerate(statuses) if s and "clock_control" in s}
+
+    async def observe(self, kind: str) -> dict[str, Any] | None:
+        """Evidence that the fault took effect, from the nodes themselves (clock faults):
+        the rate each node reports ticking at, and the rate it really ticked at over the
+        window (its ticks counted at the start and now, against the harness's clock; a
+        paused or busy loop catches up later, so this is a measurement, not a check)."""
+        if not kind.startswith("clock-"):
+            return None
+        try:
+            statuses = await _statuses(self.db)
+        except Exception as e:  # evidence only: a run does not fail on it
+            return {"error": f"{type(e).__name__}: {e}"}
+        seen: dict[str, Any] = {"rates": {str(i): (s or {}).get("clock_control", {}).get("rate")
+                                          for i, s in enumerate(statuses)}}
+        if self._clock_start is not None:
+            t0, before = self._clock_start
+            t1, after = await self._ticks()
+            tick_s = 0.01  # NodeConfig.tick_ms, which CellarDB does not change
+            seen["measured_rates"] = {str(i): round((after[i] - before[i]) * tick_s / (t1 - t0), 4)
+                                      for i in sorted(set(before) & set(after)) if t1 > t0}
+        return seen
 
     async def apply(self, kind: str) -> tuple[str, list[int]]:
         n = self.db.n
@@ -137,25 +185,48 @@ class _Nemesis:
                 await _in_thread(self.proc.pause, nodes)
                 self.paused |= set(nodes)
             return f"{action} {nodes}", nodes
+        if kind.startswith("disk-"):
+            seq = await _in_thread(self.db.sequencer)
+            node = seq if seq is not None and self.rng.random() < 0.3 else self.rng.randrange(n)
+            what = await _in_thread(self.disk.apply, kind, node)
+            return f"{kind} on node {node}{' (sequencer)' if node == seq else ''}: {json.dumps(what, default=str)}", [node]
+        if kind.startswith("clock-"):
+            assert self.clock is not None
+            seq = await _in_thread(self.db.sequencer)
+            skews = clock_skews(kind, n, self.rng, seq)
+            await _in_thread(self.clock.set, skews)
+            await asyncio.sleep(0.1)  # the nodes look at their files every 50 ms
+            self._clock_start = await self._ticks()
+            rates = ", ".join(f"{i}:{rate_of(s):.4f}" for i, s in sorted(skews.items()))
+            return f"{kind} (sequencer {seq}) rates {rates}", sorted(skews)
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
         await _in_thread(self.net.drop, pairs)
         return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
 
-    async def undo(self, kind: str, nodes: list[int]) -> None:
+    async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
+        if kind.startswith("disk-"):
+            return await _in_thread(self.disk.undo, kind, nodes[0])
         if kind.startswith("kill-"):
             await _in_thread(self.proc.restart, nodes)
             self.killed -= set(nodes)
         elif kind.startswith("pause-"):
             await _in_thread(self.proc.resume, nodes)
             self.paused -= set(nodes)
+        elif kind.startswith("clock-"):
+            assert self.clock is not None
+            await _in_thread(self.clock.reset)
         elif self.net is not None:
             await _in_thread(self.net.heal)
+        return None
 
     async def heal_all(self) -> None:
         if self.net is not None:
             await _in_thread(self.net.heal)
+        if self.clock is not None:
+            await _in_thread(self.clock.reset)
+        await _in_thread(self.disk.restore_all)
         await _in_thread(self.proc.resume, sorted(self.paused))
         await _in_thread(self.proc.restart, [i for i in range(self.db.n) if not self.db.alive(i)])
         self.killed.clear()
@@ -198,7 +269,12 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     keys = 1 if spec.workload == "register" else spec.keys
-    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every)
+    disk_full = "disk" in spec.nemesis and can_mount() is None
+    sched = spec.workload == "scheduler"
+    machine_args = ["--hived-config", spec.hived_config or default_hived_config()] if sched else []
+    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
+                  clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
+                  machine="scheduler" if sched else "kv", extra_args=machine_args)
     net: IptablesNet | None = None
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
@@ -208,18 +284,25 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         await db.await_ready(timeout_s=60.0)
         if "partition" in spec.nemesis:
             net = IptablesNet(db.ips)
-        windows = schedule(spec.nemesis, spec.seconds, rng) if spec.nemesis else []
+        windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
-        async with HttpKV(db.urls, timeout_s=2.0) as http:
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
                 while not all(b and b.get("ready") for b in await http.readyz()):
                     await asyncio.sleep(0.2)
             client = _planted(spec.planted, http)
+            scheduler = await stack.enter_async_context(HttpScheduler(db.urls, timeout_s=3.0)) if sched else None
             nem = _Nemesis(db, net, rec, rng)
             t0 = rec.t0 = time.monotonic()  # the history's clock starts with the workload
             pause_s = 2.0 * spec.sessions / spec.rate if spec.rate > 0 else 0.0
-            workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
-                                                        seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
+            if scheduler is not None:
+                workload = asyncio.create_task(run_scheduler_workload(scheduler, rec, sessions=spec.sessions,
+                                                                      seconds=spec.seconds, seed=spec.seed,
+                                                                      pause_s=pause_s))
+            else:
+                workload = asyncio.create_task(run_workload(client, rec, sessions=spec.sessions, keys=keys,
+                                                            seconds=spec.seconds, seed=spec.seed, pause_s=pause_s))
             nemesis = asyncio.create_task(nem.run(windows, t0))
 
             async def ticker() -> None:
@@ -237,26 +320,46 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             say("healed; waiting for the replicas to converge")
             await db.await_ready(timeout_s=60.0)
             converged, statuses = await _converge(db, 90.0)
-            reads = await final_reads(client, rec, keys, process=10_000_000)
+            if scheduler is not None:
+                final = await final_state(scheduler)
+            else:
+                reads = await final_reads(client, rec, keys, process=10_000_000)
         result["workload"] = {"summary": stats.summary(), "invalid_requests": stats.invalid[:20],
                               "counts": {f"{f} {t}": c for (f, t), c in sorted(stats.counts.items())}}
-        check = check_history(rec.ops, timeout_s=max(60.0, spec.seconds))
-        agree = all(len({json.dumps(v) for v in per_node.values()}) == 1 and len(per_node) == spec.nodes
-                    for per_node in reads.values()) and len(reads) == keys
-        result["checks"] = {
-            "linearizable": check.valid,
-            "linearizability": {"ops": check.ops, "keys": check.partitions, "seconds": round(check.seconds, 2),
-                                "violation": None if check.violation is None else str(check.violation.reason)},
-            "converged": converged,
-            "digests": [None if s is None else {"exec_slot": s["exec_slot"], "digest": s["digest"]} for s in statuses],
-            "final_reads_agree": agree,
-            "final_reads": reads,
-        }
+        digests = [None if s is None else {"exec_slot": s["exec_slot"], "digest": s["digest"]} for s in statuses]
+        if scheduler is not None:
+            sc = check_scheduler(rec.ops, final, spec.nodes)
+            # the scheduler's history is checked by its own rules (scheduler_workload's
+            # docstring), not the KV model; "linearizable" stands for all of them
+            result["checks"] = {"linearizable": sc["valid"], "scheduler": sc, "converged": converged,
+                                "digests": digests, "final_reads_agree": sc["final_states_agree"],
+                                "final_groups": {str(n): g for n, g in final["groups"].items()}}
+            check_valid, agree = sc["valid"], sc["final_states_agree"]
+        else:
+            check = check_history(rec.ops, timeout_s=max(60.0, spec.seconds))
+            agree = all(len({json.dumps(v) for v in per_node.values()}) == 1 and len(per_node) == spec.nodes
+                        for per_node in reads.values()) and len(reads) == keys
+            result["checks"] = {
+                "linearizable": check.valid,
+                "linearizability": {"ops": check.ops, "keys": check.partitions, "seconds": round(check.seconds, 2),
+                                    "violation": None if check.violation is None else str(check.violation.reason)},
+                "converged": converged,
+                "digests": digests,
+                "final_reads_agree": agree,
+                "final_reads": reads,
+            }
+            check_valid = check.valid
         result["faults"] = nem.faults
+        disk_faults = [f for f in nem.faults if f["kind"].startswith("disk-")]
+        disk_ok = all(f.get("observed", {}).get("ok") for f in disk_faults)
+        if disk_faults:
+            # every node behaved as the WAL's recovery rules say: a torn tail truncated,
+            # a flipped durable byte refused (one line), a full disk stopped the node
+            result["checks"]["disk_faults_handled"] = disk_ok
         result["availability"] = _availability(rec.ops, nem.faults, spec.seconds)
-        if check.valid is False or (converged and not agree):
+        if check_valid is False or (converged and not agree) or not disk_ok:
             verdict = INVALID
-        elif check.valid is None or not converged:
+        elif check_valid is None or not converged:
             verdict = UNKNOWN
         else:
             verdict = VALID
@@ -284,7 +387,11 @@ def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarD
         from .report import write_report
 
         client_ops = [o for o in rec.ops if o.process != "nemesis"]
-        write_report(out / "timeline.html", client_ops, KV(), None, title=f"{result.get('name')} ({result.get('verdict')})")
+        if result.get("spec", {}).get("workload") == "scheduler":  # the timeline draws KV histories
+            result["timeline"] = "none for the scheduler workload: its history is in history.jsonl"
+        else:
+            write_report(out / "timeline.html", client_ops, KV(), None,
+                         title=f"{result.get('name')} ({result.get('verdict')})")
     except Exception as e:  # a report is a convenience: the verdict stands without it
         result["report_error"] = f"{type(e).__name__}: {e}"
     try:

@@ -40,6 +40,10 @@ raised, a WAL write or fsync failed) prints one line and exits with status 1::
 
     cellar serve: replica 1 stopped: core raised SafetyViolation: ... (in step) (traceback in D/crash.log)
 
+Test-only clock knob: ``--clock-control FILE`` makes the replica tick at the rate
+written in FILE (``consensus.runtime.clock_control``; the Jepsen clock nemesis). Never
+use it outside tests.
+
 Test-only fault hook: ``CELLAR_TEST_CORE_FAULT=CALL:N`` (CALL one of ``step``,
 ``tick``, ``propose``, ``ready``) makes the replica's core raise ``SafetyViolation``
 on its (N+1)-th CALL, so tests can check the crash-only path on a real process.
@@ -128,7 +132,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
-             "snapshot_fork", "tls_ca", "tls_cert", "tls_key"}
+             "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -179,6 +183,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
             if config_file and not os.path.isabs(path) and key not in overrides_given(overrides):
                 path = os.path.join(os.path.dirname(os.path.abspath(config_file)), path)
             setattr(cfg, key, path)
+    if raw.get("clock_control") is not None:  # TESTING ONLY: consensus.runtime.clock_control
+        cfg.extra["clock_control"] = str(raw["clock_control"])
     if raw.get("http") is not None:  # the machine's HTTP API: store/http_api.py or store/kv_http.py
         cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
     cfg.validate()
@@ -362,12 +368,17 @@ def install_loop() -> None:
 @click.option("--tls-ca", type=click.Path(dir_okay=False), help="TLS: the cluster CA certificate (PEM).")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="TLS: this replica's certificate (cellar certs init).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="TLS: this replica's private key.")
+@click.option("--clock-control", type=click.Path(dir_okay=False),
+              help="TESTING ONLY: tick at the rate written in this file (1.02: 2 % fast; "
+                   "consensus/runtime/clock_control.py). Rates that differ by more than the lease's "
+                   "drift bound (5 %) between replicas break the read lease. Never in production.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--exit-with-parent", "parent_pid", type=int, hidden=True,
               help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, ready_file, parent_pid, log_level) -> None:
+          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, ready_file, parent_pid,
+          log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
         exit_with_parent(parent_pid)
@@ -378,7 +389,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "id": node_id, "listen": listen, "client": client, "peers": peers, "data_dir": data_dir,
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
-            "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key,
+            "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
         })
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))

@@ -18,7 +18,10 @@ malformed peer frame or client request closes that connection only.
 
 Ticks come from the monotonic clock and are never dropped: after a stall the replica
 receives every tick that elapsed. That keeps the sequencer's lease honest (its lease
-is counted in its own ticks, so they must not run slower than real time).
+is counted in its own ticks, so they must not run slower than real time). TESTING ONLY:
+``cellar serve --clock-control FILE`` counts them on a clock whose rate a test sets
+(``consensus.runtime.clock_control``, the Jepsen clock nemesis); without it nothing
+changes.
 
 Snapshots: every ``snapshot_every`` executed slots the node asks the replica for a
 snapshot, writes it atomically (``consensus.storage.snapshot``), lets the replica compact its
@@ -431,6 +434,9 @@ class Node:
         self._ticks_done = 0
         self._t0 = 0.0
         self._timer_due = 0.0
+        # TESTING ONLY (--clock-control FILE): ticks on a clock whose rate a test sets
+        # (consensus.runtime.clock_control); None in production: the monotonic clock.
+        self._clock: Any = None
         self.loop_lag = LoopLag()
         self._snap_slot = 0
         self._snap_task: asyncio.Task | None = None
@@ -557,6 +563,10 @@ class Node:
             raise NodeError(f"cannot listen for clients on {chost}:{cport}: {e.strerror or e}") from None
         self._t0 = time.monotonic()
         self._timer_due = self._t0 + cfg.tick_ms / 1000
+        if cfg.extra.get("clock_control"):
+            from consensus.runtime.clock_control import ClockControl
+
+            self._clock = ClockControl(cfg.extra["clock_control"], self._t0)
         self._tick_handle = loop.call_later(cfg.tick_ms / 1000, self._on_timer)
         self._kick()
         log.info("node %d (%s) peers on %s:%d, clients on %s:%d%s", cfg.node_id, cfg.protocol, host, port, chost, cport,
@@ -662,8 +672,14 @@ class Node:
         now = time.monotonic()
         self.loop_lag.record(now, now - self._timer_due)
         tick_s = self.cfg.tick_ms / 1000
+        clock = self._clock
+        if clock is not None:  # testing only: a clock at a set rate
+            clock.poll(now)
         if not self._installing:  # ticks are not dropped: they arrive after the install
-            due = int((time.monotonic() - self._t0) / tick_s)
+            if clock is None:
+                due = int((time.monotonic() - self._t0) / tick_s)
+            else:
+                due = int(clock.elapsed(time.monotonic()) / tick_s)
             replica = self.replica
             try:
                 while self._ticks_done < due:
@@ -687,7 +703,10 @@ class Node:
             return
         self._kick()
         now = time.monotonic()
-        delay = max(0.0, self._t0 + (self._ticks_done + 1) * tick_s - now)
+        if clock is None:
+            delay = max(0.0, self._t0 + (self._ticks_done + 1) * tick_s - now)
+        else:
+            delay = clock.real_delay((self._ticks_done + 1) * tick_s, now)
         self._timer_due = now + delay
         self._tick_handle = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
@@ -1418,6 +1437,8 @@ class Node:
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
         st["snapshot_slot"] = self._snap_slot
         st["loop"] = self.loop_lag.status(time.monotonic())
+        if self._clock is not None:
+            st["clock_control"] = dict(self._clock.status(), ticks=self._ticks_done)
         # Peers in the order this replica asks them (nearest first) and the round trips
         # it measured (ms, whole ticks; None: not yet), consensus.core.nearness.
         near = replica.near
