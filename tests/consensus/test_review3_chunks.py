@@ -19,6 +19,7 @@ the view only once its O-prefix reaches it (it holds the whole recovered log).
 """
 
 
+import pytest
 import consensus.core.sdpaxos as sdpaxos
 from consensus.core.config import NOCL
 from consensus.sim import SimConfig, Simulation
@@ -108,5 +109,6 @@ def test_a_later_chunk_of_a_recovered_log_raises_o_view_small(monkeypatch):
     _run(chunk=8, writes=20)
 
 
+@pytest.mark.slow  # the _small variant (the mutant's killer) runs by default
 def test_a_later_chunk_of_a_recovered_log_raises_o_view_real_bound():
     _run(chunk=sdpaxos.OSLOTS_PER_MSG_MAX, writes=sdpaxos.OSLOTS_PER_MSG_MAX + 100)

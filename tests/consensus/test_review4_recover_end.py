@@ -27,6 +27,7 @@ serving, and it tells the sequencer where to resend from (_may_ack).
 """
 
 
+import pytest
 import consensus.core.sdpaxos as sdpaxos
 from consensus.sim import SimConfig, Simulation
 
@@ -84,6 +85,7 @@ def test_a_peer_back_after_the_view_change_never_catches_up_small(monkeypatch):
     _rejoined_peer(writes=20)
 
 
+@pytest.mark.slow  # the _small variant (the mutant's killer) runs by default
 def test_a_peer_back_after_the_view_change_never_catches_up_real_bound():
     _rejoined_peer(writes=sdpaxos.OSLOTS_PER_MSG_MAX + 8)
 

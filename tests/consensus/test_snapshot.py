@@ -145,7 +145,7 @@ def test_restarted_replica_with_snapshot_keeps_working():
 # --- catch-up by snapshot ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("replicas", [3, 5])
+@pytest.mark.parametrize("replicas", [3, pytest.param(5, marks=pytest.mark.slow)])  # N=5: -m slow
 def test_long_crashed_replica_catches_up_by_snapshot(replicas):
     """Peers compact far past the log of a replica that is down most of the run; on
     restart it cannot Fetch what it missed and installs a peer's snapshot."""

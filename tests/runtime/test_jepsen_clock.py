@@ -67,6 +67,7 @@ def test_the_nemesis_skews_stay_within_the_drift_bound(seed):
     assert kinds <= set(CLOCKS) and kinds
 
 
+@pytest.mark.slow  # the default suite runs clock skew in test_jepsen_scheduler.py
 async def test_a_short_run_under_clock_skew_is_valid_and_every_node_ticks_at_its_rate(tmp_path):
     spec = RunSpec(nemesis=["clock"], nodes=3, seconds=9, sessions=6, keys=3, seed=4, out_root=str(tmp_path))
     r = await run_test(spec)

@@ -128,6 +128,7 @@ async def test_each_disk_fault_on_a_real_node_is_handled_as_the_recovery_rules_s
     assert all(s["ok"] for s in seen.values())
 
 
+@pytest.mark.slow  # the default suite runs disk faults in test_jepsen_scheduler.py
 async def test_a_short_run_under_disk_faults_is_valid(tmp_path):
     # seed 8: one fault, a flipped byte on a killed node (refused, put back, restarted)
     spec = RunSpec(nemesis=["disk"], nodes=3, seconds=9, sessions=6, keys=3, seed=8, out_root=str(tmp_path))

@@ -156,6 +156,7 @@ def _assert_common(run: dict) -> None:
     assert len({s["digest"] for s in run["statuses"]}) == 1
 
 
+@pytest.mark.slow  # test_jepsen_run.py runs the same workload under kills in the default suite
 async def test_contended_kv_through_http_is_linearizable_across_sequencer_kill(make_cluster, tmp_path):
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert os.path.dirname(os.path.abspath(store.__file__)) == os.path.join(here, "store")  # this tree's code

@@ -36,6 +36,7 @@ async def test_within_the_drift_bound_the_isolated_sequencer_serves_no_stale_rea
     assert r.stale_reads == [] and r.linearizable is True, r.to_json()
 
 
+@pytest.mark.slow  # a demonstration outside the drift bound
 async def test_outside_the_bound_a_stale_read_if_any_is_caught(tmp_path):
     r = await probe(str(tmp_path / "db"), seq_rate=0.8, voter_rate=1.2, window_s=2.0)
     doc = r.to_json()

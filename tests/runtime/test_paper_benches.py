@@ -137,6 +137,7 @@ def test_failover_smoke(tmp_path):
     assert set(result["ratios_sdpaxos_over_multipaxos"]) == set(result["median"]["sdpaxos"])
 
 
+@pytest.mark.slow  # the default suite smokes the failover bench; -m slow runs these
 def test_reads_smoke(tmp_path):
     out = cellar("bench", "reads", "--seconds", "1", "--read-fractions", "0,0.75", "--warmup", "0", "--sessions", "8",
                  "--out", str(tmp_path), "--json")
@@ -155,6 +156,7 @@ def test_reads_smoke(tmp_path):
     assert result["over_own_all_writes"]["sdpaxos"][0] == 1.0
 
 
+@pytest.mark.slow  # the default suite smokes the failover bench; -m slow runs these
 def test_straggler_smoke(tmp_path):
     out = cellar("bench", "straggler", "--seconds", "1.2", "--slow-at", "0.6", "--sessions", "8",
                  "--out", str(tmp_path), "--json")
