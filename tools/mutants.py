@@ -721,6 +721,32 @@ MUTANTS: list[Mutant] = [
         rule="issue 15 (review15 F2): a quorum member is slow only against the peers that would replace it",
         description="a member is judged against the other member too (N=5), and a faster peer is swapped for a slower one",
     ),
+    Mutant(
+        name="mp-commit-to-suspected",
+        file=MP,
+        old="""\
+                if dst != self.id and not self.suspected(dst):
+                    self._send_commit(dst)
+""",
+        new="""\
+                if dst != self.id:
+                    self._send_commit(dst)
+""",
+        rule="liveness (Multi-Paxos): a suspected peer gets no commits carrying its unacked slots",
+        description="every commit re-sends a dead peer up to SLOTS_PER_MSG_MAX slots (failover collapse)",
+    ),
+    Mutant(
+        name="mp-resend-to-suspected",
+        file=MP,
+        old="""\
+                if dst == self.id or self.suspected(dst):
+""",
+        new="""\
+                if dst == self.id:
+""",
+        rule="liveness (Multi-Paxos): a suspected peer gets no resends until it is heard again",
+        description="every resend period re-sends a dead peer up to SLOTS_PER_MSG_MAX slots",
+    ),
 
 ]
 

@@ -248,9 +248,13 @@ class MultiPaxosReplica(ReplicaBase):
             self.phase = "normal"
         if upto > self.committed:
             self._commit(upto)
-            # Tell everyone at once: forwarders are waiting to answer their clients.
+            # Tell everyone at once: forwarders are waiting to answer their clients. Not
+            # a suspected peer: a commit carries the slots it has not acked (up to
+            # SLOTS_PER_MSG_MAX), re-encoded on every commit for a peer that answers
+            # nothing (after a failover under load, megabytes per second to a dead
+            # replica, and throughput collapsed); it catches up once heard again.
             for dst in range(self.n):
-                if dst != self.id:
+                if dst != self.id and not self.suspected(dst):
                     self._send_commit(dst)
 
     def _send_commit(self, dst: int) -> None:
@@ -359,7 +363,11 @@ class MultiPaxosReplica(ReplicaBase):
             if now % self.cfg.heartbeat_ticks == 0:
                 self.broadcast(Ping(self.view, now))
             for dst in range(self.n):
-                if dst == self.id:
+                if dst == self.id or self.suspected(dst):
+                    # A suspected peer gets nothing but pings until we hear from it again
+                    # (then resends from its `acked` catch it up): resending it up to
+                    # SLOTS_PER_MSG_MAX slots every resend, and every commit, to a dead
+                    # replica took the leader's CPU after a failover under load.
                     continue
                 # Thrifty: peers outside the quorum get accepts only when commit stalls.
                 stalled = self.committed < self.next_slot and (
