@@ -411,13 +411,19 @@ def load_killers(path: str) -> dict[str, list[str]]:
             if ids:
                 out[m["name"]] = ids
         return out
+    # The newest table comes first; a row's killer is its "first failure" cell, or a test
+    # named in a later column (a re-run on a later tree) when that cell is empty.
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 3 and cells[0].startswith("`") and "::" in cells[2]:
-            test = cells[2].split()[0]
-            if not test.startswith("tests/"):
-                test = f"{TESTS.rstrip('/')}/{test}"
-            out[cells[0].strip("`")] = [test]
+        if len(cells) < 3 or not cells[0].startswith("`") or cells[0].strip("`") in out:
+            continue
+        named = [c for c in cells[2:] if "::" in c]
+        if not named:
+            continue
+        test = named[0].split(", ")[-1].split()[0] if "::" not in named[0].split()[0] else named[0].split()[0]
+        if not test.startswith("tests/"):
+            test = f"{TESTS.rstrip('/')}/{test}"
+        out[cells[0].strip("`")] = [test]
     return out
 
 
