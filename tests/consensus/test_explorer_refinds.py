@@ -43,7 +43,8 @@ FINDS = [
     ("bug4-reprepare-no-keys", 11, N3, 17, "stale_read"),
     # Walk 174, nested branch 0.1.7 (818 runs): forked at recovering-live-leader /
     # foreign-ballot states (docs/steered-search.md, "Nested forks").
-    ("bug3-mixed-ballot-acks", 1001, N5, 175, "quorum"),
+    # -m slow (about 10 s): its mutant's killer is test_core_bugs.py's schedule.
+    pytest.param("bug3-mixed-ballot-acks", 1001, N5, 175, "quorum", marks=pytest.mark.slow),
 ]
 TIMEOUT_S = 180
 
@@ -64,7 +65,7 @@ def _explorer(copy: Path, args: list[str]) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("name,seed,args,walks,kind", FINDS, ids=[f[0] for f in FINDS])
+@pytest.mark.parametrize("name,seed,args,walks,kind", FINDS, ids=[getattr(f, "values", f)[0] for f in FINDS])
 def test_steered_walks_find_the_replanted_bug(tmp_path, name, seed, args, walks, kind):
     copy = _copy_with(tmp_path / "copy", M.BY_NAME[name])
     trace = tmp_path / "trace.json"

@@ -97,7 +97,7 @@ def test_replicated_scheduler_genesis():
     assert ex2.snapshot() == ex.snapshot()
 
 
-@pytest.mark.parametrize("protocol", ["sdpaxos", "multipaxos"])
+@pytest.mark.parametrize("protocol", ["sdpaxos", pytest.param("multipaxos", marks=pytest.mark.slow)])
 def test_simulator_runs_the_scheduler(protocol):
     cfg = SimConfig(protocol=protocol, machine="scheduler", machine_config=SMALL, rtt="lan", seconds=1.0,
                     clients_per_site=2, read_fraction=0.3, seed=3,

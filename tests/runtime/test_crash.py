@@ -27,7 +27,7 @@ async def check_acked(cellar: CellarClient, acked: dict) -> None:
 
 # A non-sequencer kill is the mildest case: -m slow (the sequencer kills stay in the default suite).
 @pytest.mark.parametrize("protocol,victim", [("sdpaxos", "sequencer"), pytest.param("sdpaxos", "other", marks=pytest.mark.slow),
-                                             ("multipaxos", "sequencer")])
+                                             pytest.param("multipaxos", "sequencer", marks=pytest.mark.slow)])
 async def test_kill_one_replica_under_load(make_cluster, protocol, victim):
     cluster = make_cluster(3, protocol=protocol)
     cluster.start_all()

@@ -74,6 +74,7 @@ needs_tmpfs = pytest.mark.skipif(can_mount() is not None, reason=f"cannot mount 
 
 
 @needs_tmpfs
+@pytest.mark.slow  # the scheduler short run (default suite) applies the disk faults and checks them handled
 async def test_each_disk_fault_on_a_real_node_is_handled_as_the_recovery_rules_say(tmp_path):
     db = CellarDB(str(tmp_path / "db"), 3, disk_tmpfs="32m")
     nem = DiskNemesis(db, random.Random(5))

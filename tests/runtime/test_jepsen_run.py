@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from jepsen_like.nemesis import iptables_available
 from jepsen_like.runner import INVALID, VALID, RunSpec, run_test
 
@@ -34,6 +36,7 @@ async def test_a_short_run_under_faults_is_valid_and_shows_every_fault(tmp_path)
     assert not (run_dir / "db").exists(), "a valid run keeps no data dirs"
 
 
+@pytest.mark.slow  # the checkers catch planted bugs by default in tests/jepsen_like and test_jepsen_scheduler.py
 async def test_a_stale_reading_client_is_caught(tmp_path):
     spec = RunSpec(nemesis=[], nodes=3, seconds=5, sessions=8, keys=2, seed=3, out_root=str(tmp_path),
                     planted="stale-reads")
