@@ -26,7 +26,7 @@ Cellar's own::
     PUT    /v1/nodes/{name}/health  {"healthy": bool}; 404 unknown node
     GET    /healthz                 200 while the process serves
     GET    /readyz                  200 once the config check passed and a majority is
-                                    reachable, else 503
+                                    reachable, else 503; names the view and the sequencer
     GET    /v1/status               this replica: role, view, executed slot, digest,
                                     config hash, groups, leaf cells in use;
                                     ?invariants=1 also runs the invariant checker on
@@ -457,8 +457,10 @@ class SchedulerAPI:
     async def readyz(self, request: web.Request) -> web.Response:
         s = self.service
         node = s.node
+        st = node.replica.status()
         body = {"ready": False, "node": node.cfg.node_id, "config_checked": s.ready,
-                "reachable": node.peers_reachable(), "quorum": node.quorum}
+                "reachable": node.peers_reachable(), "quorum": node.quorum, "view": st.get("view"),
+                "sequencer": st.get("sequencer", st.get("leader"))}
         if s.ready and not node._down and node.peers_reachable() >= node.quorum:
             body["ready"] = True
             return _json(body)

@@ -144,7 +144,8 @@ class WALCorruption(WALError):
         self.reason = reason
         super().__init__(
             f"WAL corruption in {path} at byte offset {offset}: {reason}; refusing to start "
-            f"(restore this replica from a snapshot/peers, or inspect the file)"
+            f"(restore the file from a copy of this replica's own disk, or inspect it; never start this "
+            f"replica id on an empty or another replica's data dir: docs/operations.md, Members)"
         )
 
 

@@ -25,7 +25,8 @@ class FakeService:
     def __init__(self) -> None:
         self.machine = ReplicatedScheduler(load_config(SMALL))
         self.node = SimpleNamespace(machine=self.machine, _down=False, cfg=SimpleNamespace(node_id=0),
-                                    quorum=2, peers_reachable=lambda: self.reachable)
+                                    quorum=2, peers_reachable=lambda: self.reachable,
+                                    replica=SimpleNamespace(status=lambda: {"view": 0, "sequencer": 0}))
         self.reachable = 3
         self.ready = True
         self.proposed: list = []
@@ -145,7 +146,8 @@ async def test_unavailable_is_503_with_retry_after(api):
     r = await client.post("/v1/groups", json=GANG)
     assert r.status == 503 and (await r.json())["definite"] is False  # a write may still commit
     service.timeout = False
-    assert (await client.get("/readyz")).status == 200
+    r = await client.get("/readyz")
+    assert r.status == 200 and (await r.json())["sequencer"] == 0  # it names the sequencer, as the KV API does
 
 
 async def test_not_ready_until_the_config_check(api):
