@@ -17,7 +17,7 @@ def cellar(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_bench_scheduler_runs_every_mode_and_reports_sane_figures():
-    r = cellar("bench", "--machine", "scheduler", "--nodes", "64", "--vcs", "2", "--seconds", "1",
+    r = cellar("bench", "--machine", "scheduler", "--nodes", "64", "--vcs", "2", "--seconds", "0.5",
                "--warmup", "0.3", "--clients", "8", "--machine-ops", "500", "--json",
                "--modes", "machine,embedded,http,http-batch")
     assert r.returncode == 0, r.stderr[-2000:]
