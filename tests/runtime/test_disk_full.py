@@ -11,13 +11,13 @@ printed (``-s``) and quoted in docs/storage.md.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import subprocess
 import time
 
 import pytest
 
+from jepsen_like.disk import Tmpfs, fill
 from store.client import CellarClient, CellarError
 
 from .conftest import committing, converged
@@ -26,43 +26,6 @@ FULL = 2  # the replica whose disk fills up (not the initial sequencer)
 TMPFS_SIZE = "8m"
 WRITERS = 8
 FIGURES: dict[str, float] = {}
-
-
-def mount_tmpfs(path: str, size: str) -> None:
-    os.makedirs(path, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", path],
-                          capture_output=True, text=True, timeout=30)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the full disk (mount: {proc.stderr.strip() or proc.returncode})")
-
-
-def unmount(path: str) -> None:
-    for _ in range(50):  # bounded: a process that just exited may still hold a file
-        if subprocess.run(["umount", path], capture_output=True, timeout=30).returncode == 0:
-            return
-        if not os.path.ismount(path):
-            return
-        time.sleep(0.1)
-    subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
-
-
-def fill(path: str) -> int:
-    """Write ``path`` until the file system has no page left; the bytes written."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    total = 0
-    try:
-        for chunk in (1 << 20, 4096):
-            block = b"\0" * chunk
-            for _ in range(1 << 16):  # bounded: the file system is a few MiB
-                try:
-                    total += os.write(fd, block)
-                except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        raise
-                    break
-    finally:
-        os.close(fd)
-    return total
 
 
 class Load:
@@ -102,7 +65,10 @@ class Load:
 async def test_a_full_disk_stops_one_replica_the_others_serve_and_it_catches_up(make_cluster):
     cluster = make_cluster(3)
     data = cluster.data_dir(FULL)
-    mount_tmpfs(data, TMPFS_SIZE)
+    try:
+        tmpfs = Tmpfs(data, TMPFS_SIZE)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot mount a tmpfs for the full disk ({e})")
     filler = os.path.join(data, "filler")
     load = None
     try:
@@ -176,4 +142,4 @@ async def test_a_full_disk_stops_one_replica_the_others_serve_and_it_catches_up(
             for task in load.tasks:
                 task.cancel()
         cluster.stop_all()
-        unmount(data)
+        tmpfs.umount()
