@@ -52,7 +52,6 @@ SUITES = {
     # The long campaigns of README.md "Longer runs".
     "long": {
         "CELLAR_FAULT_EXAMPLES": "5000",  # test_fault_search.py (hypothesis version)
-        "CELLAR_SEARCH_LONG": "1",  # test_fault_search.py (swarm version): the rotating-seed campaign
         "CELLAR_SEARCH_EXAMPLES": "5000",
         "CELLAR_SIM_EXAMPLES": "5000",  # test_safety.py
         "CELLAR_SNAPSHOT_EXAMPLES": "2000",  # test_snapshot.py
@@ -178,6 +177,7 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
         cmd.append("-x")
     if suite == "long":
         cmd.append("--timeout=0")  # campaigns outlast pytest-timeout's per-test limit
+        cmd += ["-m", "not shared"]  # the campaigns are marked slow (deselected by default)
     for path in IGNORE:
         cmd.append(f"--ignore={path}")
     cmd.extend(tests or [TESTS])

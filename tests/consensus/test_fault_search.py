@@ -17,7 +17,7 @@ heal. A failure prints ``SEED=``, the exact ``SimConfig`` and a replay command.
 - Long campaign, new seeds each time (the first is printed; ``CELLAR_SEARCH_SEED``
   replays a campaign)::
 
-      CELLAR_SEARCH_LONG=1 CELLAR_SEARCH_EXAMPLES=5000 python3 -m pytest -s tests/consensus/test_fault_search.py -k long
+      CELLAR_SEARCH_EXAMPLES=5000 python3 -m pytest -m slow -s tests/consensus/test_fault_search.py -k long
       cellar sim search --examples 5000 [--seed S] [--save]
 
   ``CELLAR_SEARCH_SAVE=1`` (or ``--save``) appends failures to
@@ -158,8 +158,12 @@ def test_recorded_regression_case(entry):
 LONG_EXAMPLES = os.environ.get("CELLAR_SEARCH_EXAMPLES") or os.environ.get("CELLAR_FAULT_EXAMPLES")
 
 
-@pytest.mark.skipif(not (os.environ.get("CELLAR_SEARCH_LONG") or LONG_EXAMPLES), reason="long campaign: CELLAR_SEARCH_LONG=1")
+@pytest.mark.slow  # deselected by default (pyproject addopts), not skipped: -m slow runs it
+@pytest.mark.timeout(7200)
 def test_long_campaign_rotating_seeds():
+    """The long campaign: ``python3 -m pytest -m slow -k long_campaign -s`` (seeds from
+    the clock, or ``CELLAR_SEARCH_SEED``; ``CELLAR_SEARCH_EXAMPLES`` examples, 2,000 by
+    default)."""
     examples = int(LONG_EXAMPLES or "2000")
     first = int(os.environ.get("CELLAR_SEARCH_SEED") or time.time())
     print(f"SEED={first} examples={examples} (replay this campaign with CELLAR_SEARCH_SEED={first})")
