@@ -207,6 +207,7 @@ class StatusWatcher:
         self.limit_s = limit_s
         self.events: list[dict] = []
         self._last: dict[int, tuple] = {}
+        self._judged: dict[int, tuple] = {}
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -222,9 +223,15 @@ class StatusWatcher:
                 if st is None:
                     continue
                 key = (st.get("view"), st.get("sequencer", st.get("leader")), st.get("phase"))
-                if self._last.get(i) != key:
+                strag = st.get("straggler") or {}
+                judged = (strag.get("strikes"), strag.get("doubts"), tuple(strag.get("votes") or ()))
+                if self._last.get(i) != key or self._judged.get(i, judged) != judged:
                     self._last[i] = key
-                    self.events.append({"t": now, "replica": i, "view": key[0], "orderer": key[1], "phase": key[2]})
+                    event = {"t": now, "replica": i, "view": key[0], "orderer": key[1], "phase": key[2]}
+                    if strag:  # SDPaxos: how this replica judges its sequencer (paper §4)
+                        event["straggler"] = strag
+                    self.events.append(event)
+                self._judged[i] = judged
             try:
                 await asyncio.wait_for(self._stop.wait(), self.every)
             except asyncio.TimeoutError:

@@ -136,7 +136,9 @@ async def one_case(case: str, *, replicas: int, sessions: int, seconds: float, s
             raise BenchError(f"{case}: no replica reports a sequencer/leader in phase normal")
         target = orderer if case != "sdpaxos-replica" else (orderer + 1) % replicas
         others = [i for i in range(replicas) if i != target]
-        watcher = pc.StatusWatcher(run, others, every=0.05, limit_s=seconds + 30)
+        # Every replica is watched (the slowed one answers late); the view-change
+        # figures read the others' events only.
+        watcher = pc.StatusWatcher(run, range(replicas), every=0.05, limit_s=seconds + 30)
         watcher.start()
         every = list(range(replicas))
         t0 = time.monotonic()
@@ -173,8 +175,9 @@ async def one_case(case: str, *, replicas: int, sessions: int, seconds: float, s
         allc = sorted(c for r in groups.values() for c in r.completions)
         before = pc.rate(allc, min(t0 + WARM_S, t_slow), t_slow)
         slowed = pc.rate(allc, t_slow, t_end)
-        started = watcher.first(t_slow, lambda e: e["phase"] != "normal" or e["orderer"] != orderer)
-        replaced = watcher.first(t_slow, lambda e: e["phase"] == "normal" and e["orderer"] not in (None, orderer))
+        started = watcher.first(t_slow, lambda e: e["replica"] in others and (e["phase"] != "normal" or e["orderer"] != orderer))
+        replaced = watcher.first(t_slow, lambda e: e["replica"] in others and e["phase"] == "normal"
+                                 and e["orderer"] not in (None, orderer))
         res: dict[str, Any] = {
             "case": case, "protocol": protocol, "slowed": target, "slowed_pid": run.pid(target),
             "orderer_before": orderer, "slow_at_s": round(t_slow - t0, 3),

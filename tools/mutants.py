@@ -748,6 +748,54 @@ MUTANTS: list[Mutant] = [
         description="every resend period re-sends a dead peer up to SLOTS_PER_MSG_MAX slots",
     ),
 
+    Mutant(
+        name="straggler-agree-one-window",
+        file=SDP,
+        old="""\
+        if self._doubts >= self.cfg.straggler_agree_strikes and not self._fresh_vote(self.id):
+""",
+        new="""\
+        if self._doubts >= 1 and not self._fresh_vote(self.id):
+""",
+        rule="paper §4 straggler: a replica confirms a peer's request only after doubtful windows of its own in a row",
+        description="one noisy window of a healthy replica confirms a slowed replica's complaint (healthy sequencer deposed)",
+    ),
+    Mutant(
+        name="straggler-agree-without-evidence",
+        file=SDP,
+        old="""\
+        if self._doubts >= self.cfg.straggler_agree_strikes and not self._fresh_vote(self.id):
+""",
+        new="""\
+        if not self._fresh_vote(self.id):
+""",
+        rule="paper §4 straggler: a replica that sees nothing wrong never confirms",
+        description="every request is confirmed: one slowed replica deposes a healthy sequencer",
+    ),
+    Mutant(
+        name="straggler-votes-never-expire",
+        file=SDP,
+        old="""\
+        return heard is not None and self.now - heard <= 2 * self.cfg.straggler_window_ticks
+""",
+        new="""\
+        return heard is not None
+""",
+        rule="paper §4 straggler: a vote counts for two windows",
+        description="complaints heard at different times add up to a majority nobody holds at once",
+    ),
+    Mutant(
+        name="straggler-best-zero",
+        file=SDP,
+        old="""\
+        best = max(self._best_ready, 1)
+""",
+        new="""\
+        best = self._best_ready
+""",
+        rule="paper §4 straggler: an instance answered within its tick took up to one tick",
+        description="with a best of 0 ticks, two ticks of queueing on a busy machine make a slow window",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -72,10 +72,13 @@ class ProtocolConfig:
     # Straggler detection (paper §4): per window, how long my committed instances
     # waited to be ordered vs. how long replication took; 3 bad windows in a row,
     # confirmed by a majority, replace the sequencer, at most once per
-    # straggler_cooldown_ticks.
+    # straggler_cooldown_ticks. A replica confirms a peer's request only on its own
+    # evidence (straggler_agree_strikes bad windows in a row, on the same tests), and
+    # a confirmation counts for two windows (votes_fresh_windows) unless renewed.
     straggler_window_ticks: int = 50
     straggler_min_demand: int = 4
     straggler_strikes: int = 3
+    straggler_agree_strikes: int = 2
     straggler_cooldown_ticks: int = 1000
     peer_order: tuple[tuple[int, ...], ...] = field(default=())
     # Probe every peer every heartbeat_ticks and order peers by the measured round trips.

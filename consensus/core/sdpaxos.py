@@ -328,11 +328,14 @@ class SDPaxosReplica(ReplicaBase):
         self._window_total = 0  # ticks my instances took to become ready, this window
         self._window_count = 0
         self._best_ready = 1 << 30  # fastest ever: about one round trip to the quorum
+        self._last_window: tuple[int, int, int] = (0, 0, 0)  # (ticks, instances, served): status only
         self._window_served = 0  # O-slots naming me accepted this window
         self._served_baseline = 0.0  # moving average over healthy windows
-        self._strikes = 0
-        self._seems_slow = False
-        self._straggler_votes: dict[int, None] = {}
+        self._strikes = 0  # slow windows in a row
+        self._doubts = 0  # doubtful windows in a row (slow ones included)
+        # Who judges this view's sequencer slow: replica -> tick the judgment was last
+        # made or heard. A vote counts for two windows (``_fresh_vote``).
+        self._straggler_votes: dict[int, int] = {}
         self._last_view_change = -cfg.straggler_cooldown_ticks
         # Execution of the merged log
         self.exec_slot = 0
@@ -1495,7 +1498,7 @@ class SDPaxosReplica(ReplicaBase):
         self.acked = [0] * self.n
         self._reset_prefix()
         self._last_view_change = self.now
-        self._strikes = 0
+        self._strikes = self._doubts = 0
         self._straggler_votes = {}
         self.election_due = self._election_deadline()  # give the new sequencer time
         # Our unanswered instances need slots from the new sequencer: ask at once.
@@ -1822,8 +1825,8 @@ class SDPaxosReplica(ReplicaBase):
         replication too. So compare, over the window, the mean time my instances take
         to become ready (those still waiting count with their age) with the fastest
         this replica has ever seen, which is about its round trip to the quorum and
-        the sequencer. Majority confirmation and the cooldown guard against misjudging
-        mere load.
+        the sequencer. Majority confirmation (each confirmer on its own evidence, see
+        ``_on_straggler``) and the cooldown guard against misjudging mere load.
         """
         now = self.now
         total, count = self._window_total, self._window_count
@@ -1832,43 +1835,55 @@ class SDPaxosReplica(ReplicaBase):
             count += 1
         self._window_total = self._window_count = 0
         self._window_start = now
+        self._last_window = (total, count, self._window_served)  # status only
         if self.id == self.sequencer or self.phase != "normal":
-            self._strikes = 0
+            self._strikes = self._doubts = 0
             return
         enough = count >= self.cfg.straggler_min_demand
+        # An instance answered within the tick it was proposed in took up to one tick
+        # (the clock's resolution): a best of 0 would make two ticks of queueing on a
+        # busy machine look like a slow sequencer.
+        best = max(self._best_ready, 1)
+        served, base = self._window_served, self._served_baseline
+        demand = bool(self.unready) and base >= self.cfg.straggler_min_demand
         # Signal 1: instances take far longer to become ready than they ever did.
-        late = enough and total > count * (3 * self._best_ready + 2)
         # Signal 2 (the paper's): O-slots served for me fell below half my recent
         # healthy rate while I had commands waiting.
-        served, base = self._window_served, self._served_baseline
-        waiting = bool(self.unready)
-        starved = waiting and base >= self.cfg.straggler_min_demand and served * 2 < base
-        slow = late or starved
-        # Milder tests for agreeing with a peer that asks (it already saw 3 bad windows).
-        self._seems_slow = (enough and total > count * (2 * self._best_ready + 2)) or (
-            waiting and base >= self.cfg.straggler_min_demand and served * 10 < base * 7
-        )
+        slow = (enough and total > count * (3 * best + 2)) or (demand and served * 2 < base)
+        # The same signals, milder: the window is doubtful. Only a run of doubtful
+        # windows (straggler_agree_strikes) lets me confirm a peer's request: one is
+        # noise (a loaded machine, my own clients' demand moving by a third).
+        doubtful = slow or (enough and total > count * (2 * best + 2)) or (demand and served * 10 < base * 7)
         if not slow:
             self._served_baseline = served if base == 0 else (4 * base + served) / 5
         self._window_served = 0
         self._strikes = self._strikes + 1 if slow else 0
+        self._doubts = self._doubts + 1 if doubtful else 0
         cooled = now - self._last_view_change >= self.cfg.straggler_cooldown_ticks
         if self._strikes >= self.cfg.straggler_strikes and cooled:
-            self._straggler_votes[self.id] = None
+            self._straggler_votes[self.id] = now
             self.broadcast(Straggler(self.view, True))  # asked again every bad window
+
+    def _fresh_vote(self, r: int) -> bool:
+        """``r``'s judgment "the sequencer is slow" was made or heard within two windows."""
+        heard = self._straggler_votes.get(r)
+        return heard is not None and self.now - heard <= 2 * self.cfg.straggler_window_ticks
 
     @handles(_handlers, Straggler)
     def _on_straggler(self, src: int, m: Straggler) -> None:
-        if m.view != self.view or self.id == self.sequencer:
+        if m.view != self.view or self.id == self.sequencer or not m.slow:
             return
-        if not m.slow:
-            return
-        if (self._strikes > 0 or self._seems_slow) and self.id not in self._straggler_votes:
-            self._straggler_votes[self.id] = None
+        self._straggler_votes[src] = self.now
+        # Confirm only on my own evidence: doubtful windows of my own in a row. A slowed
+        # ordinary replica finds its own instances late and blames the sequencer; the
+        # healthy replicas must not agree on one noisy window.
+        if self._doubts >= self.cfg.straggler_agree_strikes and not self._fresh_vote(self.id):
+            self._straggler_votes[self.id] = self.now
             self.send(src, Straggler(self.view, True))
-        if self.id in self._straggler_votes:
-            self._straggler_votes[src] = None
-        if len(self._straggler_votes) >= self.quorum and self.gate.distrust_view != self.view:
+        if not self._fresh_vote(self.id):
+            return
+        fresh = sum(1 for r in self._straggler_votes if self._fresh_vote(r))
+        if fresh >= self.quorum and self.gate.distrust_view != self.view:
             # Stop renewing the slow sequencer's lease; elect once our promise expires.
             self.gate.distrust_view = self.view
             self.election_due = max(self.now, self.gate.promise_until) + self.rng.randrange(max(1, self.cfg.election_ticks // 4))
@@ -2067,4 +2082,13 @@ class SDPaxosReplica(ReplicaBase):
             "exec_slot": self.exec_slot,
             "floor_slot": self.floor_slot,
             "executed": self.stats["executed"],
+            "straggler": {  # paper §4: how this replica judges the sequencer (window of its own instances)
+                "strikes": self._strikes,
+                "doubts": self._doubts,
+                "best_ready_ticks": self._best_ready if self._best_ready < 1 << 30 else None,
+                "last_window": {"ticks": self._last_window[0], "instances": self._last_window[1],
+                                "served": self._last_window[2]},
+                "served_baseline": round(self._served_baseline, 1),
+                "votes": sorted(r for r in self._straggler_votes if self._fresh_vote(r)),
+            },
         }

@@ -433,8 +433,9 @@ class Cluster:
 
     def do_cluster(self, args: list, out: list) -> None:
         """cluster n=3 [protocol=sdpaxos|multipaxos] [heartbeat=2 election=10 lease=8 resend=6 recovery=4]
-        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1] [rtt=fixed|measure]: a fresh cluster
-        (R0 serves view 0.0); rtt=measure: replicas probe each other and order their peers by round trip."""
+        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1] [rtt=fixed|measure] [straggler=W]: a fresh
+        cluster (R0 serves view 0.0); rtt=measure: replicas probe each other and order their peers by round
+        trip; straggler=W: each replica judges the sequencer every W ticks (paper §4)."""
         kv, rest = self._kv(args)
         if rest:
             raise CommandError(f"unexpected {rest}")
@@ -453,6 +454,9 @@ class Cluster:
         peers = ()
         if "peers" in kv:
             peers = tuple(tuple(int(x) for x in g.split(",")) for g in kv.pop("peers").split("/"))
+        # straggler=W: judge the sequencer every W ticks (paper §4; demand of one
+        # instance, no cooldown); off by default, so that no window fires in a schedule.
+        straggler = int(kv.pop("straggler", 1 << 60))
         rtt = kv.pop("rtt", "fixed")  # fixed: peer_order as given; measure: probes and echoes
         if rtt not in ("fixed", "measure"):
             raise CommandError(f"rtt={rtt!r}: want fixed or measure")
@@ -461,7 +465,8 @@ class Cluster:
         self.pcfg = ProtocolConfig(
             n=n, heartbeat_ticks=timers["heartbeat"], election_ticks=timers["election"], lease_ticks=timers["lease"],
             resend_ticks=timers["resend"], recovery_ticks=timers["recovery"], thrifty=thrifty,
-            straggler_window_ticks=1 << 60, peer_order=peers, measure_rtt=rtt == "measure")
+            straggler_window_ticks=straggler, straggler_min_demand=1 if straggler < 1 << 60 else 4,
+            straggler_cooldown_ticks=0 if straggler < 1 << 60 else 1000, peer_order=peers, measure_rtt=rtt == "measure")
         self.reps = [None] * n
         self.disks = [[] for _ in range(n)]
         self.incarnation = [0] * n
