@@ -52,7 +52,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import MACHINES, machine_factory, stamper, validator
+from store.machines import MACHINES, machine_factory, stamper, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -143,7 +143,7 @@ class NodeConfig:
     snapshot_every: int = 5000  # executed slots between snapshots (0: never)
     initial_sequencer: int = 0
     segment_bytes_max: int = 16 << 20
-    # The replicated machine by name (consensus.machines) and its start config.
+    # The replicated machine by name (store.machines) and its start config.
     machine: str = "kv"
     machine_config: Any = None
     # Client connections: at most this many; one that sent nothing and waits for no
@@ -384,17 +384,17 @@ class Node:
     ``await start()``, later ``await stop()``.
 
     The machine it replicates is ``cfg.machine`` built from ``cfg.machine_config``
-    (``consensus.machines``), or whatever ``sm_factory`` builds (tests)."""
+    (``store.machines``), or whatever ``sm_factory`` builds (tests)."""
 
     def __init__(self, cfg: NodeConfig, sm_factory=None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.pcfg = cfg.protocol_config()
-        # The machine's pure pre-proposal check (consensus.machines.validator): a bad
+        # The machine's pure pre-proposal check (store.machines.validator): a bad
         # command is answered with its error and never enters the log (a blind WRITE
         # of it would otherwise be answered "done" once ready, though apply refuses it).
         self._validate: Any = None
-        self._stamp: Any = None  # time for the commands that need it (consensus.machines.stamper)
+        self._stamp: Any = None  # time for the commands that need it (store.machines.stamper)
         if sm_factory is None:
             try:
                 sm_factory = machine_factory(cfg.machine, cfg.machine_config)

@@ -65,7 +65,7 @@ from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import machine_factory
+from store.machines import machine_factory
 
 from .geo import sites_for
 from .disk import SimDisk
@@ -137,7 +137,7 @@ class SimConfig:
     # False, keeps them (only the process died); disk_torn keeps a random prefix of them.
     lose_unsynced_on_crash: bool = True
     disk_torn: bool = False
-    # The replicated machine (consensus.machines): "kv" (the workload above) or
+    # The replicated machine (store.machines): "kv" (the workload above) or
     # "scheduler" with machine_config a HiveD config (YAML text, mapping or path).
     # The scheduler workload: each client allocates a one-pod group (1-2 leaf cells,
     # priority -1..1, a VC drawn from the config, wait false), releases it, and

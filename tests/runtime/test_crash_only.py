@@ -22,7 +22,7 @@ import consensus.runtime.node as node_mod
 from consensus.core.config import ProtocolConfig
 from consensus.core.ready import Ready, Reply
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.runtime.node import Node, NodeConfig
 from store.client import CellarClient
 from store.server import TEST_CORE_FAULT_ENV, free_ports

@@ -3,7 +3,7 @@
 Every entry builds a ``consensus.core.statemachine.ReplicatedMachine``; the drivers use
 nothing else of it. ``config`` is the machine's own start configuration:
 
-- ``kv``: none (``consensus.kv.KVStateMachine``).
+- ``kv``: none (``store.kv_machine.KVStateMachine``).
 - ``scheduler``: an optional HiveD ``scheduler_state.Config``. With none (the runtime)
   the machine starts empty and its config arrives as the first ``init`` command in the
   log (``scheduler_state.replicated``); with one (tests, the simulator) it starts
@@ -14,7 +14,7 @@ loads it.
 
 ``validator(name)`` is the machine's pure pre-proposal check (``op -> None | error
 result``), what a server runs before proposing a client's command: ``kv`` has one
-(``consensus.kv.validate``: types and size limits, docs/kv.md); a machine without one
+(``store.kv_machine.validate``: types and size limits, docs/kv.md); a machine without one
 accepts every shape here and refuses bad commands in ``apply``.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from consensus.core.statemachine import ReplicatedMachine
-from consensus.kv import KVStateMachine, stamp, validate
+from store.kv_machine import KVStateMachine, stamp, validate
 
 MACHINES = ("kv", "scheduler")
 
