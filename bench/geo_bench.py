@@ -131,7 +131,9 @@ def simulate(protocol: str, replicas: int, rtt_file: str, clients_per_site: int,
              seed: int) -> dict:
     """The simulator's figure for the same setting (what ``cellar sim --rtt geo`` runs)."""
     from consensus.sim.simulator import SimConfig, Simulation
+    from store.machines import install_in_simulator
 
+    install_in_simulator()  # SimConfig.machine resolves through store.machines
     cfg = SimConfig(protocol=protocol, replicas=replicas, rtt="geo", rtt_file=rtt_file, sequencer=SEQUENCER,
                     clients_per_site=clients_per_site, seconds=seconds, seed=seed, jitter=jitter)
     try:

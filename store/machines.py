@@ -1,5 +1,8 @@
 """Replicated machines by name: what ``cellar serve --machine`` and ``SimConfig.machine`` pick.
 
+consensus/ never imports this module: ``store.server.make_node`` hands a node its machine,
+and ``install_in_simulator`` plugs the registry into ``consensus.sim.registry``.
+
 Every entry builds a ``consensus.core.statemachine.ReplicatedMachine``; the drivers use
 nothing else of it. ``config`` is the machine's own start configuration:
 
@@ -87,3 +90,13 @@ def machine_factory(name: str, config: Any = None) -> Callable[[], ReplicatedMac
             config = load_config(config)
     make_machine(name, config)  # fail early on a bad name or config
     return lambda: make_machine(name, config)
+
+
+def install_in_simulator() -> None:
+    """Make this registry the one the simulators resolve ``SimConfig.machine`` through
+    (``consensus.sim.registry``: consensus/ names no machine itself). Called by the
+    composition roots: tests/conftest.py, the cellar command line, the ``python3 -m
+    consensus.sim.*`` entry points, bench/geo_bench.py."""
+    from consensus.sim import registry
+
+    registry.install(machine_factory)
