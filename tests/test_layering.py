@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # The applications and everything above them: consensus/ imports none of them.
@@ -124,3 +126,27 @@ def test_the_walker_sees_what_it_should():
     assert found["consensus.sim.simulator"] is False  # from .simulator import ...
     assert found["store.machines"] is True  # the composition root, and only there
     assert ("jepsen_like.checker", False) in imports_of(ROOT / "consensus" / "sim" / "simulator.py")  # in a method
+
+
+def test_the_simulators_take_the_installed_registry():
+    """consensus.sim.registry resolves names through whatever the layer above installed
+    (tests/conftest.py installs store.machines'), and says what to do when none is."""
+    from consensus.sim import SimConfig, Simulation, registry
+    from store.kv_machine import KVStateMachine
+    from store.machines import machine_factory
+
+    asked = []
+
+    def spy(name, config):
+        asked.append((name, config))
+        return machine_factory(name, config)
+
+    try:
+        registry.install(spy)
+        sim = Simulation(SimConfig(seconds=0.1))
+        assert asked == [("kv", None)] and type(sim.new_machine()) is KVStateMachine
+        registry.install(None)
+        with pytest.raises(RuntimeError, match="install_in_simulator"):
+            Simulation(SimConfig(seconds=0.1))
+    finally:
+        registry.install(machine_factory)
