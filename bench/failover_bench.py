@@ -3,7 +3,7 @@
 
 Each round starts, per protocol, a fresh cluster of real ``cellar serve`` processes on
 loopback (``bench.paper_common.Run``, sequencer/leader 0, ``--fsync`` batch by
-default). As in Fig. 14 the closed-loop writers (``bench.loadgen.run_load``, 16-byte
+default). As in Fig. 14 the closed-loop writers (``store.loadgen.run_load``, 16-byte
 blind puts, ``--sessions`` in all) sit at the replicas that survive, each group through
 a client that talks to its own replica only. At ``--kill-at`` seconds into the
 ``--seconds`` of load the bench SIGKILLs, by its PID, the replica that the others'

@@ -18,7 +18,7 @@ between them passes a delaying proxy (``bench.geo_proxy``, in this process):
 - one per site between its clients and its replica, delaying by half the site's local
   RTT (the table's diagonal), as the simulator does.
 
-Each site runs ``--clients-per-site`` closed-loop writers (``bench.loadgen.run_load``,
+Each site runs ``--clients-per-site`` closed-loop writers (``store.loadgen.run_load``,
 16-byte blind puts, keys of their own) through its own proxy only; a write's latency
 is from the call to the acknowledgement. After ``--warmup`` unmeasured seconds, all
 sites write at once for ``--seconds``. The simulator runs in this process first,
@@ -131,7 +131,9 @@ def simulate(protocol: str, replicas: int, rtt_file: str, clients_per_site: int,
              seed: int) -> dict:
     """The simulator's figure for the same setting (what ``cellar sim --rtt geo`` runs)."""
     from consensus.sim.simulator import SimConfig, Simulation
+    from store.machines import install_in_simulator
 
+    install_in_simulator()  # SimConfig.machine resolves through store.machines
     cfg = SimConfig(protocol=protocol, replicas=replicas, rtt="geo", rtt_file=rtt_file, sequencer=SEQUENCER,
                     clients_per_site=clients_per_site, seconds=seconds, seed=seed, jitter=jitter)
     try:
@@ -216,7 +218,7 @@ class GeoRun:
             await p.close()
 
     async def measure(self) -> dict:
-        from bench.loadgen import LoadResult, run_load
+        from store.loadgen import LoadResult, run_load
         from store.client import CellarClient, CellarError
 
         clients = [CellarClient([self.client_proxies[i].address], timeout_s=REQUEST_TIMEOUT_S, deadline_s=15.0)

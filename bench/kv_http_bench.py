@@ -9,7 +9,7 @@ leader / sequencer in both systems). Targets:
 
 - ``cellar-http``: ``POST /v3/kv/put`` with base64 key and value on Cellar's gateway;
 - ``etcd-http``: the same request on etcd's grpc-gateway (same client code, same bodies);
-- ``cellar-binary``: ``Session.put`` of the binary client (``bench.loadgen.run_load``, what
+- ``cellar-binary``: ``Session.put`` of the binary client (``store.loadgen.run_load``, what
   ``cellar bench`` drives; 256 sessions by default, as there).
 
 Targets alternate order from round to round so that drift in the machine's load hits them
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import click
 
-from bench.loadgen import LoadResult
+from store.loadgen import LoadResult
 
 TARGETS = ("cellar-http", "etcd-http", "cellar-binary")
 REQUEST_TIMEOUT_S = 5.0
@@ -183,7 +183,7 @@ async def http_put_load(urls: list[str], *, sessions: int, seconds: float, value
                         prefix: str = "b", on_progress: Callable[[LoadResult], None] | None = None) -> LoadResult:
     """``sessions`` closed-loop sessions putting ``value_bytes``-byte values through
     ``POST /v3/kv/put`` (etcd's JSON shape) for ``seconds``; session i uses ``urls[i % n]``
-    and keys of its own (1,000 per session, as ``bench.loadgen``)."""
+    and keys of its own (1,000 per session, as ``store.loadgen``)."""
     import aiohttp
 
     result = LoadResult()
@@ -334,7 +334,7 @@ class Bench:
                       f"errors {res.errors}")
 
         if target == "cellar-binary":
-            from bench.loadgen import run_load
+            from store.loadgen import run_load
             from store.client import CellarClient
 
             async with CellarClient(self.cellar.client_addresses, timeout_s=REQUEST_TIMEOUT_S) as cellar:

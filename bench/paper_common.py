@@ -177,7 +177,7 @@ async def per_replica_load(run: Run, at: Sequence[int], sessions: int, seconds: 
                            seed: int = 1, on_progress: Callable[[int], None] | None = None) -> dict[int, Any]:
     """``sessions`` closed-loop sessions spread over the replicas ``at``, each group
     through a client that talks to its replica only; completions recorded."""
-    from bench.loadgen import LoadResult, run_load
+    from store.loadgen import LoadResult, run_load
 
     share = {i: sessions // len(at) + (1 if k < sessions % len(at) else 0) for k, i in enumerate(at)}
     live: dict[int, LoadResult] = {}

@@ -5,7 +5,7 @@ Both clusters (real ``cellar serve`` processes on loopback, ``bench.paper_common
 sequencer/leader 0, ``--fsync`` batch by default) are started once and stay up; the
 load goes to one at a time. For each read proportion (``--read-fractions``, default
 0, 25, 50, 75 and 95 %) each protocol gets ``--seconds`` of closed-loop load
-(``bench.loadgen.run_load``: ``--sessions`` sessions spread over every replica, each
+(``store.loadgen.run_load``: ``--sessions`` sessions spread over every replica, each
 group through a client that talks to its own replica only, or with ``--clients-at
 sequencer`` all at the sequencer/leader; a write is a 16-byte blind
 put of the session's own keys, a read a ``get`` of a random key). The protocols'

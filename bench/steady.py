@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from bench.loadgen import run_load
+from store.loadgen import run_load
 from store.client import CellarClient
 from store.server import LocalCluster, install_loop, tune_gc
 

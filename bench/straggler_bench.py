@@ -25,7 +25,7 @@ the duty cycle is what is used, and it is stopped, and the process SIGCONTed, in
 
 The load: ``--sessions`` closed-loop sessions (16-byte blind writes of their own keys)
 spread over every replica, each group through a client that talks to its own replica
-only (``bench.loadgen.run_load``). The cases' order alternates from round to round.
+only (``store.loadgen.run_load``). The cases' order alternates from round to round.
 
 Reported per case: writes/s before the slowdown and while it lasts (and, for the
 sequencer case, until and after the replacement), the reduction (Fig. 9a's percentage),

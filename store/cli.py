@@ -80,6 +80,11 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="cellar")
 def main() -> None:
     """Cellar: a replicated control-plane state store built on SDPaxos."""
+    # The composition root: ``cellar sim`` resolves machine names through this registry
+    # (consensus.sim.registry; consensus/ names no machine itself).
+    from store.machines import install_in_simulator
+
+    install_in_simulator()
 
 
 if __name__ == "__main__":

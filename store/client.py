@@ -279,7 +279,7 @@ class _NodeConn(asyncio.Protocol):
 
 def _error(result: Any) -> CellarError:
     """The typed exception for an ERROR answer: a string, or a machine's error result
-    ``{"ok": False, "code": ..., "error": ...}`` (consensus.kv)."""
+    ``{"ok": False, "code": ..., "error": ...}`` (store.kv_machine)."""
     if isinstance(result, dict):
         code, text = result.get("code"), str(result.get("error", result))
         message = f"{code}: {text}" if code else text

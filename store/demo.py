@@ -25,8 +25,8 @@ import time
 
 import click
 
-from bench.loadgen import run_load
 from store.client import CellarClient
+from store.loadgen import run_load
 from store.server import LocalCluster, install_loop, tune_gc
 
 

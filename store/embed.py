@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus.runtime.node import Node, NodeConfig, NodeError
+from store.server import make_node
 from store.scheduler_service import Feed, FeedGap, SchedulerService, Unavailable
 
 __all__ = ["EmbeddedScheduler", "SchedulerError", "Unavailable", "FeedGap", "Feed"]
@@ -111,7 +112,7 @@ class EmbeddedScheduler:
         passed) for at most ``ready_timeout_s`` (None: do not wait). Raises
         ``NodeError`` (bad data dir, another cluster's, a config that differs from
         the cluster's) or ``TimeoutError``."""
-        node = Node(self.cfg)
+        node = make_node(self.cfg)
         node.open()
         await node.start()
         self.node = node

@@ -53,7 +53,7 @@ HTTP   ``reason``            when
 =====  ====================  ==========================================================
 400    ``InvalidRequest``    malformed JSON, not an object, an unknown or unsupported
                              field, a wrong type (a number for a key, a float for a
-                             revision), bad base64, anything ``consensus.kv.validate``
+                             revision), bad base64, anything ``store.kv_machine.validate``
                              refuses (checked before anything is proposed)
 400    ``Compacted``         a read at a compacted revision (carries compact_revision)
 404    ``LeaseNotFound``     a lease that does not exist or has expired
@@ -130,7 +130,7 @@ WRITE_STALL_S = 30.0  # a watch stream whose client reads nothing this long is c
 # gRPC codes (etcd's gateway puts them in "code")
 G_INVALID, G_NOT_FOUND, G_OUT_OF_RANGE, G_UNAVAILABLE, G_INTERNAL = 3, 5, 11, 14, 13
 G_RESOURCE_EXHAUSTED = 8
-_MACHINE_ERRORS = {  # consensus.kv error code -> (HTTP status, gRPC code)
+_MACHINE_ERRORS = {  # store.kv_machine error code -> (HTTP status, gRPC code)
     "InvalidRequest": (400, G_INVALID),
     "TooLarge": (413, G_INVALID),
     "Compacted": (400, G_OUT_OF_RANGE),
@@ -466,7 +466,7 @@ class KVAPI:
                  body_bytes_max: int = BODY_BYTES_MAX, watchers_max: int = WATCHERS_MAX,
                  progress_interval_s: float = PROGRESS_INTERVAL_S, write_stall_s: float = WRITE_STALL_S,
                  **hub_options: Any) -> None:
-        from consensus.machines import validator
+        from store.machines import validator
 
         self.node = node
         self.call_timeout_s = call_timeout_s

@@ -1,6 +1,6 @@
 """Lease time for the key-value machine: who proposes expiry, and what a failover does.
 
-The KV machine (``consensus.kv``) never reads a clock: a lease ends only when a
+The KV machine (``store.kv_machine``) never reads a clock: a lease ends only when a
 replica proposes ``{"op": "lease_expire", "now_ms": T}`` and it is applied. This
 service runs beside a ``Node`` that carries the KV machine (``cellar serve``,
 ``--machine kv``, the default) and is the only proposer of time:

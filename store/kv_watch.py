@@ -13,7 +13,7 @@ A watcher (``hub.watch(...)``) has a span (one key, ``[key, range_end)`` with et
 watcher.next()`` for the next batches: a list of ``Batch(revision, events)``, one per
 revision, in revision order; every event of one revision (a txn, a prefix delete, a
 lease expiry) is in one batch, in key order. An event is ``Event(kind, key, kv,
-prev_kv)`` with the machine's kv dicts (``consensus.kv``: ``{key, value,
+prev_kv)`` with the machine's kv dicts (``store.kv_machine``: ``{key, value,
 create_revision, mod_revision, version, lease}``; a DELETE's kv is ``{key,
 mod_revision}`` with zeros and no value).
 
@@ -68,7 +68,7 @@ from collections import deque
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from consensus.kv import _bound, _canon, _end_bound, _kbytes, _ord, _prefix_end
+from store.kv_machine import _bound, _canon, _end_bound, _kbytes, _ord, _prefix_end
 
 _log = logging.getLogger(__name__)
 

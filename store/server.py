@@ -71,6 +71,7 @@ from typing import Any
 import click
 
 from consensus.runtime.node import Node, NodeConfig, NodeError
+from store.machines import MACHINES, machine_factory, stamper, validator
 
 log = logging.getLogger("cellar.server")
 
@@ -188,7 +189,20 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     if raw.get("http") is not None:  # the machine's HTTP API: store/http_api.py or store/kv_http.py
         cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
     cfg.validate()
+    if cfg.machine not in MACHINES:
+        raise NodeError(f"unknown machine {cfg.machine!r} ({', '.join(MACHINES)})")
     return cfg
+
+
+def make_node(cfg: NodeConfig) -> Node:
+    """The replica of ``cfg``, given the machine ``cfg.machine`` names (``store.machines``:
+    its factory from ``cfg.machine_config``, its pre-proposal check and its stamper):
+    the runtime resolves no machine name itself."""
+    try:
+        factory = machine_factory(cfg.machine, cfg.machine_config)
+    except ValueError as e:  # an unknown name, or e.g. scheduler_state.ConfigError
+        raise NodeError(f"machine {cfg.machine}: {e}") from None
+    return Node(cfg, factory, validate=validator(cfg.machine), stamp=stamper(cfg.machine))
 
 
 def overrides_given(overrides: dict[str, Any]) -> set[str]:
@@ -255,7 +269,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     if fault:
         parse_test_core_fault(fault)  # a typo is a configuration error, before anything opens
     hived = load_hived_config(cfg.extra["hived_config"]) if cfg.machine == "scheduler" else None
-    node = Node(cfg)  # a scheduler starts empty: its config arrives through the log
+    node = make_node(cfg)  # a scheduler starts empty: its config arrives through the log
     node.open()
     if fault:
         install_test_core_fault(node.replica, fault)

@@ -10,6 +10,12 @@ import os
 
 from hypothesis import settings
 
+from store.machines import install_in_simulator
+
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("CELLAR_HYPOTHESIS", "ci"))
+
+# The simulators resolve SimConfig.machine through the registry the application layer
+# installs (consensus.sim.registry): the tests are a composition root.
+install_in_simulator()

@@ -53,4 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from store.machines import install_in_simulator  # consensus.sim.registry
+
+    install_in_simulator()
     sys.exit(main())

@@ -13,10 +13,10 @@ Two protocols:
 
 - ``StateMachine``: what the executor needs (``apply``, ``snapshot``, ``restore``).
 - ``ReplicatedMachine``: the one seam every machine Cellar serves implements (the
-  key-value machine ``consensus.kv.KVStateMachine``, the HiveD scheduler
+  key-value machine ``store.kv_machine.KVStateMachine``, the HiveD scheduler
   ``scheduler_state.SchedulerStateMachine``); the drivers (``consensus.runtime``,
   ``consensus.sim``) use only these methods and never know which machine they carry.
-  ``consensus.machines`` builds one by name.
+  ``store.machines`` builds one by name.
 
 How the methods are used:
 

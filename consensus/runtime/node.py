@@ -52,7 +52,6 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import MACHINES, machine_factory, stamper, validator
 from consensus.runtime import clientwire
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -143,7 +142,8 @@ class NodeConfig:
     snapshot_every: int = 5000  # executed slots between snapshots (0: never)
     initial_sequencer: int = 0
     segment_bytes_max: int = 16 << 20
-    # The replicated machine by name (consensus.machines) and its start config.
+    # The replicated machine's name and start config. The node does not resolve the name
+    # (its caller passes the machine: ``Node``); it records it in the data dir's identity.
     machine: str = "kv"
     machine_config: Any = None
     # Client connections: at most this many; one that sent nothing and waits for no
@@ -212,8 +212,6 @@ class NodeConfig:
             raise NodeError(f"unknown fsync mode {self.fsync!r} (always, batch or never)")
         if not 0 <= self.initial_sequencer < n:
             raise NodeError(f"initial sequencer {self.initial_sequencer} is not a replica")
-        if self.machine not in MACHINES:
-            raise NodeError(f"unknown machine {self.machine!r} ({', '.join(MACHINES)})")
         given = [name for name in ("tls_ca", "tls_cert", "tls_key") if getattr(self, name) is not None]
         if given and len(given) != 3:
             missing = sorted({"tls_ca", "tls_cert", "tls_key"} - set(given))
@@ -383,25 +381,24 @@ class Node:
     """A replica process's runtime. ``open()`` (sync, may raise NodeError), then
     ``await start()``, later ``await stop()``.
 
-    The machine it replicates is ``cfg.machine`` built from ``cfg.machine_config``
-    (``consensus.machines``), or whatever ``sm_factory`` builds (tests)."""
+    The machine it replicates is injected by the caller (``store.server.make_node``
+    resolves ``cfg.machine`` through the registry ``store.machines``): ``sm_factory``
+    builds a fresh ``consensus.core.statemachine.ReplicatedMachine`` (one per
+    incarnation, and one to check a peer's snapshot); ``validate`` is its pure
+    pre-proposal check (``op -> None | error result``): a bad command is answered with
+    its error and never enters the log (a blind WRITE of it would otherwise be answered
+    "done" once ready, though apply refuses it); ``stamp`` (``(op, now_ms) -> op``) puts
+    this replica's time into the commands that need it. Either may be None (nothing to
+    check or stamp)."""
 
-    def __init__(self, cfg: NodeConfig, sm_factory=None) -> None:
+    def __init__(self, cfg: NodeConfig, sm_factory: Callable[[], Any], *,
+                 validate: Callable[[Any], Any] | None = None,
+                 stamp: Callable[[Any, int], Any] | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.pcfg = cfg.protocol_config()
-        # The machine's pure pre-proposal check (consensus.machines.validator): a bad
-        # command is answered with its error and never enters the log (a blind WRITE
-        # of it would otherwise be answered "done" once ready, though apply refuses it).
-        self._validate: Any = None
-        self._stamp: Any = None  # time for the commands that need it (consensus.machines.stamper)
-        if sm_factory is None:
-            try:
-                sm_factory = machine_factory(cfg.machine, cfg.machine_config)
-                self._validate = validator(cfg.machine)
-                self._stamp = stamper(cfg.machine)
-            except ValueError as e:  # e.g. scheduler_state.ConfigError
-                raise NodeError(f"machine {cfg.machine}: {e}") from None
+        self._validate = validate
+        self._stamp = stamp
         self.sm_factory = sm_factory
         self._local = _LocalConn()
         self.stats: dict[str, int] = {

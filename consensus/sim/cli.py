@@ -220,4 +220,7 @@ def search_command(examples: int, seed: int | None, replay: int | None, save: bo
 
 
 if __name__ == "__main__":
+    from store.machines import install_in_simulator  # the composition root (consensus.sim.registry)
+
+    install_in_simulator()
     sim()

@@ -80,7 +80,7 @@ from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from consensus.sim.registry import machine_factory
 
 PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
 
@@ -308,6 +308,7 @@ class World:
         self.cfg = cfg
         self.pcfg = cfg.protocol_config()
         self.cls = PROTOCOLS[cfg.protocol]
+        self.new_machine = machine_factory("kv")  # the workload's machine (consensus.sim.registry)
         n = self.n = cfg.replicas
         self.reps: list[Any] = [None] * n  # live object, pickle bytes, or None (down)
         self.incarnation = [0] * n
@@ -348,7 +349,7 @@ class World:
         self.incarnation[r] += 1
         records = [msgpack.unpackb(b, raw=False, strict_map_key=False) for b in self.disks[r]]
         rng = ExplorerRandom(self.cfg.seed * 1_000_003 + r * 7919 + self.incarnation[r])
-        self.reps[r] = self.cls(r, self.pcfg, KVStateMachine(), records=records or None, rng=rng)
+        self.reps[r] = self.cls(r, self.pcfg, self.new_machine(), records=records or None, rng=rng)
         self.dcache[r] = None
         self.scache[r] = None
         self._drain(r)
@@ -490,7 +491,7 @@ class World:
     def _value_after(self, key: Any, slot: int) -> Any:
         """The value of ``key`` once slots 0..``slot`` are executed (the ghost log)."""
         ops = {(CLIENT_BASE + k, 1): op for k, (_, op) in enumerate(self.commands)}
-        ex = Executor(KVStateMachine())
+        ex = Executor(self.new_machine())
         out: list = []
         for j in range(slot + 1):
             entry = self.exec_map.get(j)
@@ -797,7 +798,7 @@ class World:
         """After ``stabilize``: lost or duplicated acknowledged commands, results,
         linearizability, liveness."""
         ops = {(CLIENT_BASE + k, 1): op for k, (_, op) in enumerate(self.commands)}
-        replay = Executor(KVStateMachine())
+        replay = Executor(self.new_machine())
         applied: dict[tuple, Any] = {}
         out: list = []
         slot = 0
@@ -1955,4 +1956,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from store.machines import install_in_simulator  # the composition root (consensus.sim.registry)
+
+    install_in_simulator()
     sys.exit(main())

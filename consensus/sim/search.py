@@ -288,7 +288,7 @@ def replay_hint(seed: int | None, cfg: SimConfig) -> str:
     if seed is not None:
         lines.append(f"SEED={seed}")
         lines.append(f"replay: cellar sim search --replay {seed}   (or python3 -m consensus.sim.search --replay {seed})")
-    lines.append(f"config: Simulation({cfg!r}).run()")
+    lines.append(f"config: Simulation({cfg!r}).run()   (the machines installed first: store.machines.install_in_simulator())")
     return "\n".join(lines)
 
 
@@ -368,4 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from store.machines import install_in_simulator  # the composition root (consensus.sim.registry)
+
+    install_in_simulator()
     raise SystemExit(main())

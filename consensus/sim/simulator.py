@@ -65,11 +65,11 @@ from consensus.core.executor import Executor
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.machines import machine_factory
 
 from .geo import sites_for
 from .disk import SimDisk
 from .network import SimNetwork
+from .registry import machine_factory
 
 PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
 
@@ -137,7 +137,8 @@ class SimConfig:
     # False, keeps them (only the process died); disk_torn keeps a random prefix of them.
     lose_unsynced_on_crash: bool = True
     disk_torn: bool = False
-    # The replicated machine (consensus.machines): "kv" (the workload above) or
+    # The replicated machine, by name (resolved through consensus.sim.registry, which the
+    # application layer fills: store.machines): "kv" (the workload above) or
     # "scheduler" with machine_config a HiveD config (YAML text, mapping or path).
     # The scheduler workload: each client allocates a one-pod group (1-2 leaf cells,
     # priority -1..1, a VC drawn from the config, wait false), releases it, and

@@ -39,8 +39,8 @@ from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.replica import ALIVE
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
 from consensus.sim.explorer import ExplorerRandom
+from consensus.sim.registry import machine_factory
 
 PROTOCOLS = {"sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica}
 NEVER = 10**9  # an election deadline that never comes (a held replica)
@@ -259,7 +259,7 @@ class Cluster:
         self.incarnation[r] += 1
         records = [msgpack.unpackb(b, raw=False, strict_map_key=False) for b in self.disks[r]]
         rng = ExplorerRandom(r * 7919 + self.incarnation[r])
-        self.reps[r] = PROTOCOLS[self.protocol](r, self.pcfg, KVStateMachine(), records=records or None, rng=rng)
+        self.reps[r] = PROTOCOLS[self.protocol](r, self.pcfg, machine_factory("kv")(), records=records or None, rng=rng)
 
     def _shape(self, r: int) -> tuple:
         rep = self.reps[r]
@@ -842,4 +842,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from store.machines import install_in_simulator  # the composition root (consensus.sim.registry)
+
+    install_in_simulator()
     sys.exit(main())

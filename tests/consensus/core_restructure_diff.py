@@ -223,4 +223,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    try:  # the simulators take their machines from the application layer (consensus.sim.registry)
+        from store.machines import install_in_simulator
+    except ImportError:  # a tree from before that change
+        install_in_simulator = None
+    if install_in_simulator is not None:
+        install_in_simulator()
     main()

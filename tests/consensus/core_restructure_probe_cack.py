@@ -4,7 +4,7 @@ Run per tree: PYTHONPATH=<tree> python3 tests/consensus/core_restructure_probe_c
 from consensus.core.config import ProtocolConfig, make_ballot
 from consensus.core.messages import CAccept, CAck
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 cfg = ProtocolConfig(n=3)
 for kind in ("nack", "ok"):

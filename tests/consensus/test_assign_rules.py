@@ -7,7 +7,7 @@ reads wait (``unknown_keys_slot``)."""
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import CRequest
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def test_a_request_for_a_later_instance_assigns_the_earlier_ones_too():

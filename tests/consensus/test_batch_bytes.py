@@ -13,7 +13,7 @@ from consensus.core.messages import encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.replica import op_bytes, take_batch
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.transport.framing import MAX_FRAME_BYTES
 
 MIB = 1 << 20

@@ -10,7 +10,7 @@ from __future__ import annotations
 from consensus.core.config import ProtocolConfig, make_ballot
 from consensus.core.messages import Compacted, CPrepare
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def _prepares(rd) -> list:

@@ -15,7 +15,7 @@ sequencer's own entry in its ack count.
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import CAccept, CAck, CCommit, CRequest, OAccept, OAck
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 from .test_review9_handover import handover_config, judge_handover
 

@@ -50,7 +50,7 @@ TIMEOUT_S = 180
 
 
 def _copy_with(tmp: Path, mutant: M.Mutant | None) -> Path:
-    for name in ("consensus", "jepsen_like"):
+    for name in ("consensus", "store", "jepsen_like"):  # store: the machine registry (consensus.sim.registry)
         shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if mutant is not None:
         M.apply(tmp, mutant)

@@ -13,7 +13,7 @@ is R3's (which does not vote), and a voter accepted R_m's C-instance 0.
 from consensus.core.config import ProtocolConfig, make_ballot
 from consensus.core.messages import OAccept, Vote
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 R_M, ME, LAST = 2, 1, 3
 

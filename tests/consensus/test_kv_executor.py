@@ -1,7 +1,7 @@
 """The test key-value machine and exactly-once execution through client sessions."""
 
 from consensus.core.executor import Executor
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def test_kv_operations_and_errors():

@@ -5,7 +5,7 @@ promises from a majority, and it runs from the tick the ping was sent in (mutant
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import Pong
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def sequencer(n: int) -> SDPaxosReplica:

@@ -9,8 +9,8 @@ import pytest
 
 from consensus.core.executor import Executor
 from consensus.core.statemachine import ReplicatedMachine
-from consensus.kv import KVStateMachine
-from consensus.machines import make_machine
+from store.kv_machine import KVStateMachine
+from store.machines import make_machine
 from consensus.sim import SimConfig, Simulation
 from scheduler_state import SchedulerStateMachine, check, load_config
 from scheduler_state.machine import SCHEDULER_KEY

@@ -9,7 +9,7 @@ from __future__ import annotations
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import MAccept, MAck, MCommit, Ping
 from consensus.core.multipaxos import MultiPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def _sent(rd, dst: int) -> list:

@@ -25,7 +25,7 @@ from pathlib import Path
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import CAck, CPromise, CRequest, OAccept, OAck, Vote
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.sim import Simulation
 from consensus.sim.search import config_from_json, judge
 

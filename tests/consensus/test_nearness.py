@@ -146,7 +146,7 @@ def test_a_replica_answers_probes_at_once_and_learns_from_echoes():
     from consensus.core.messages import Echo, Probe
     from consensus.core.multipaxos import MultiPaxosReplica
     from consensus.core.sdpaxos import SDPaxosReplica
-    from consensus.kv import KVStateMachine
+    from store.kv_machine import KVStateMachine
 
     for cls in (SDPaxosReplica, MultiPaxosReplica):
         cfg = ProtocolConfig(n=3, heartbeat_ticks=2)

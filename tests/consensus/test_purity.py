@@ -1,4 +1,6 @@
-"""The protocol modules do no I/O and read no clock (issue 2, acceptance 5)."""
+"""The protocol modules do no I/O and read no clock (issue 2, acceptance 5), and import
+only each other, the standard library modules below and msgpack (issue 12, layering:
+the rest of consensus/ and everything above it is ``tests/test_layering.py``)."""
 
 import ast
 import pathlib
@@ -21,6 +23,9 @@ def test_core_imports_nothing_that_does_io():
             if isinstance(node, ast.Import):
                 names = [a.name.split(".")[0] for a in node.names]
             elif isinstance(node, ast.ImportFrom):
+                # A relative import stays inside consensus/core (``from .x``, never ``..``);
+                # an absolute one of consensus (even consensus.core) is refused below.
+                assert node.level <= 1, f"{path.name} imports {'.' * node.level}{node.module or ''} (outside core)"
                 names = [] if node.level else [node.module.split(".")[0]]
             else:
                 continue

@@ -101,7 +101,7 @@ def test_a_write_with_unknown_keys_holds_back_every_lease_read():
     read of a key it removes is served stale from the lease (helper-found, issue 12)."""
     from consensus.core.config import ProtocolConfig
     from consensus.core.sdpaxos import SDPaxosReplica
-    from consensus.kv import ALL_KEYS, KVStateMachine
+    from store.kv_machine import ALL_KEYS, KVStateMachine
 
     r = SDPaxosReplica(0, ProtocolConfig(n=3, initial_sequencer=0), KVStateMachine())
     assert r.id == r.sequencer and r.phase == "normal"

@@ -16,7 +16,7 @@ from consensus.core.config import ProtocolConfig, make_ballot
 from consensus.core.messages import CPromise, Vote
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 X = [[900, 1, ["put", "k", "X"]]]
 

@@ -13,7 +13,7 @@ import sys
 
 from consensus.core.config import ProtocolConfig
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def test_a_retry_of_a_queued_command_is_not_queued_twice():

@@ -30,7 +30,7 @@ import pytest
 from consensus.core.config import ProtocolConfig
 from consensus.core.messages import CAccept, CCommit, CRequest, OAccept, OAck, OCommit, Vote
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.sim import SimConfig, Simulation
 
 from .schedules import RuleBroken, attach_clients

@@ -20,7 +20,7 @@ from consensus.core.config import ProtocolConfig
 from consensus.core.messages import Echo, Ping
 from consensus.core.nearness import Nearness
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.sim.search import swarm_config
 from consensus.sim.simulator import SimConfig, Simulation
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from consensus.core import messages as M
 from consensus.core.config import ProtocolConfig
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.sim import SimConfig, Simulation
 
 from .test_fault_search import fault_runs

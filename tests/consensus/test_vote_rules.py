@@ -8,7 +8,7 @@ compacted answers with a Compacted notice instead of a vote (mutant
 from consensus.core.config import ProtocolConfig, make_ballot
 from consensus.core.messages import CAccept, CCommit, Compacted, Vote, VRequest
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 
 def sent(r):

@@ -1,4 +1,4 @@
-"""The key-value machine against etcd's v3 semantics (consensus/kv.py, docs/kv.md):
+"""The key-value machine against etcd's v3 semantics (store/kv_machine.py, docs/kv.md):
 revisions, range options, txn, compaction, leases, exactly-once retries, validation."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from consensus import kv as K
+from store import kv_machine as K
 from consensus.core.executor import Executor
-from consensus.kv import ALL_KEYS, KVStateMachine, validate
+from store.kv_machine import ALL_KEYS, KVStateMachine, validate
 from consensus.runtime import clientwire
 
 
@@ -546,7 +546,7 @@ def test_snapshot_holds_everything(m):
 
 
 def test_the_seam_exposes_the_validator():
-    from consensus.machines import validator
+    from store.machines import validator
 
     assert validator("kv")(["put", 1.5, "x"])["code"] == "InvalidRequest"
     assert validator("kv")(["put", "k", "x"]) is None

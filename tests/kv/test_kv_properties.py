@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 
 KEYS = ["a", "a/1", "a/2", "ab", "b", "b/1", "c"]
 VALUES = st.sampled_from(["", "x", "y", "zz"])

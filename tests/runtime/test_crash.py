@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from bench.loadgen import run_load
+from store.loadgen import run_load
 from jepsen_like.checker import check
 from jepsen_like.models import KV
 from store.client import CellarClient

@@ -22,8 +22,9 @@ import consensus.runtime.node as node_mod
 from consensus.core.config import ProtocolConfig
 from consensus.core.ready import Ready, Reply
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.runtime.node import Node, NodeConfig
+from store.server import make_node
 from store.client import CellarClient
 from store.server import TEST_CORE_FAULT_ENV, free_ports
 
@@ -36,7 +37,7 @@ def single_node(tmp_path, n: int = 3, node_id: int = 0, **kw) -> Node:
     *peers, client = free_ports(n + 1)
     cfg = NodeConfig(node_id=node_id, peers={i: ("127.0.0.1", p) for i, p in enumerate(peers)},
                      client_address=("127.0.0.1", client), data_dir=str(tmp_path / f"n{node_id}"), **kw)
-    node = Node(cfg)
+    node = make_node(cfg)
     node.open()
     return node
 

@@ -11,7 +11,8 @@ import time
 
 import consensus.storage.wal as walmod
 from consensus.runtime import clientwire
-from consensus.runtime.node import Node, NodeConfig
+from consensus.runtime.node import NodeConfig
+from store.server import make_node
 from store.server import free_ports
 
 
@@ -27,7 +28,7 @@ async def test_one_durability_waiter_at_a_time_under_a_slow_disk(tmp_path, monke
     addrs = {i: ("127.0.0.1", ports[i]) for i in range(3)}
     nodes = []
     for i in range(3):
-        node = Node(NodeConfig(node_id=i, peers=addrs, client_address=("127.0.0.1", ports[3 + i]),
+        node = make_node(NodeConfig(node_id=i, peers=addrs, client_address=("127.0.0.1", ports[3 + i]),
                                data_dir=str(tmp_path / f"n{i}")))
         node.open()
         nodes.append(node)

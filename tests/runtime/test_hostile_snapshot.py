@@ -26,7 +26,7 @@ import pytest
 
 from consensus.core.config import ProtocolConfig
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.kv import _SNAPSHOT_FORMAT, KVStateMachine
+from store.kv_machine import _SNAPSHOT_FORMAT, KVStateMachine
 from consensus.runtime.node import SNAPSHOT_BYTES_MAX, SNAPSHOT_CHUNK_BYTES, Node
 from consensus.storage.snapshot import Snapshot, SnapshotReceiver, encode_snapshot, iter_chunks, write_snapshot
 

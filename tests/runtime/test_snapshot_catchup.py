@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from bench.loadgen import run_load
+from store.loadgen import run_load
 from store.client import CellarClient
 
 from .conftest import committing, converged

@@ -16,6 +16,7 @@ import msgpack
 
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
+from store.server import make_node
 from store.server import free_ports
 from consensus.storage.snapshot import load_latest
 
@@ -29,7 +30,7 @@ def _nodes(tmp_path, n: int = 3, **kw) -> list[Node]:
     for i in range(n):
         cfg = NodeConfig(node_id=i, peers=addrs, client_address=("127.0.0.1", peers[n + i]),
                          data_dir=str(tmp_path / f"n{i}"), **kw)
-        node = Node(cfg)
+        node = make_node(cfg)
         node.open()
         nodes.append(node)
     return nodes
@@ -94,7 +95,7 @@ async def test_a_snapshot_is_made_by_a_child_while_the_node_serves(tmp_path):
         assert node._snap_child == 0
         # The log below the snapshot was compacted, and a restarted node resumes from it.
         await node.stop()
-        again = Node(node.cfg)
+        again = make_node(node.cfg)
         again.open()
         assert again.status()["snapshot_slot"] == meta["slot"]
         assert again.replica.exec_slot >= forked_at

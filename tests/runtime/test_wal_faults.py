@@ -32,6 +32,7 @@ import consensus.storage.wal as wal_mod
 from consensus.core.ready import Ready
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
+from store.server import make_node
 from store.server import free_ports
 
 from .test_crash_only import WAIT_S, single_node, stopped
@@ -66,7 +67,7 @@ def make_cluster(tmp_path) -> list[Node]:
         cfg = NodeConfig(node_id=i, peers=peers, client_address=("127.0.0.1", ports[3 + i]),
                          data_dir=str(tmp_path / f"n{i}"), fsync="batch", segment_bytes_max=SEGMENT_BYTES,
                          snapshot_every=0)
-        node = Node(cfg)
+        node = make_node(cfg)
         node.open()
         nodes.append(node)
     return nodes
@@ -250,7 +251,7 @@ async def test_a_storage_fault_stops_the_node_before_anything_unwritten_leaves(t
         for n in nodes:
             await n.stop()
     monkeypatch.undo()
-    again = Node(node.cfg)  # the data dir opens again (a torn tail at most)
+    again = make_node(node.cfg)  # the data dir opens again (a torn tail at most)
     again.open()
     again.wal.close()
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from store.kv_watch import NODELETE, NOPUT, TooManyWatchers, WatchCanceled, WatchHub
 
 WAIT_S = 5.0

@@ -14,7 +14,7 @@ import types
 import aiohttp
 import pytest
 
-from consensus.kv import KVStateMachine
+from store.kv_machine import KVStateMachine
 from consensus.runtime import clientwire
 from store.kv_http import KVAPI
 from store.server import free_ports

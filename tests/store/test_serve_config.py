@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from consensus.runtime.node import NodeError
-from store.server import build_config, load_hived_config
+from store.kv_machine import KVStateMachine, stamp, validate
+from store.server import build_config, load_hived_config, make_node
 
 SMALL = Path(__file__).resolve().parents[2] / "examples" / "hived-small.yaml"
 PEERS = "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002"
@@ -38,3 +39,18 @@ def test_flags_and_errors(tmp_path):
         "127.0.0.1", 1)
     with pytest.raises(NodeError, match="cannot read"):
         load_hived_config(str(tmp_path / "missing.yaml"))
+
+
+def test_the_machine_name_is_resolved_above_the_runtime(tmp_path):
+    """The runtime resolves no machine name (tests/test_layering.py): build_config refuses
+    an unknown one, and make_node hands the node the registry's machine, its check and its
+    stamper (store.machines)."""
+    (tmp_path / "node.toml").write_text(f'id = 0\ndata_dir = "d"\nmachine = "nope"\npeers = "{PEERS}"\n')
+    with pytest.raises(NodeError, match=r"unknown machine 'nope' \(kv, scheduler\)"):
+        build_config(str(tmp_path / "node.toml"), {})
+    cfg = build_config(None, {"id": 0, "peers": PEERS, "data_dir": str(tmp_path / "d")})
+    node = make_node(cfg)
+    assert type(node.sm_factory()) is KVStateMachine and node._validate is validate and node._stamp is stamp
+    cfg.machine = "nope"
+    with pytest.raises(NodeError, match="machine nope: unknown machine"):
+        make_node(cfg)

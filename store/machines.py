@@ -1,9 +1,12 @@
 """Replicated machines by name: what ``cellar serve --machine`` and ``SimConfig.machine`` pick.
 
+consensus/ never imports this module: ``store.server.make_node`` hands a node its machine,
+and ``install_in_simulator`` plugs the registry into ``consensus.sim.registry``.
+
 Every entry builds a ``consensus.core.statemachine.ReplicatedMachine``; the drivers use
 nothing else of it. ``config`` is the machine's own start configuration:
 
-- ``kv``: none (``consensus.kv.KVStateMachine``).
+- ``kv``: none (``store.kv_machine.KVStateMachine``).
 - ``scheduler``: an optional HiveD ``scheduler_state.Config``. With none (the runtime)
   the machine starts empty and its config arrives as the first ``init`` command in the
   log (``scheduler_state.replicated``); with one (tests, the simulator) it starts
@@ -14,7 +17,7 @@ loads it.
 
 ``validator(name)`` is the machine's pure pre-proposal check (``op -> None | error
 result``), what a server runs before proposing a client's command: ``kv`` has one
-(``consensus.kv.validate``: types and size limits, docs/kv.md); a machine without one
+(``store.kv_machine.validate``: types and size limits, docs/kv.md); a machine without one
 accepts every shape here and refuses bad commands in ``apply``.
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from consensus.core.statemachine import ReplicatedMachine
-from consensus.kv import KVStateMachine, stamp, validate
+from store.kv_machine import KVStateMachine, stamp, validate
 
 MACHINES = ("kv", "scheduler")
 
@@ -87,3 +90,13 @@ def machine_factory(name: str, config: Any = None) -> Callable[[], ReplicatedMac
             config = load_config(config)
     make_machine(name, config)  # fail early on a bad name or config
     return lambda: make_machine(name, config)
+
+
+def install_in_simulator() -> None:
+    """Make this registry the one the simulators resolve ``SimConfig.machine`` through
+    (``consensus.sim.registry``: consensus/ names no machine itself). Called by the
+    composition roots: tests/conftest.py, the cellar command line, the ``python3 -m
+    consensus.sim.*`` entry points, bench/geo_bench.py."""
+    from consensus.sim import registry
+
+    registry.install(machine_factory)
