@@ -137,6 +137,8 @@ def _pod_events(op: str, result: dict[str, Any]) -> list[dict[str, Any]]:
         if result.get("preempting") or gone:
             out.append({"type": "preempting", "group": name, "victims": [v["group"] for v in result.get("victims") or ()]
                         + list(gone)})
+        for v in result.get("lazy_preempted") or ():
+            out.append({"type": "lazy_preempted", "group": v, "by": name})
         for v in gone:
             out.append({"type": "preempted", "group": v, "by": name})
         _scheduled(rest, "pod_preempt", out)
