@@ -23,22 +23,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from scheduler_state import SchedulerStateMachine, check, load_config
 
+from tests.scheduler_state.test_hived_fidelity import FOUR_NODES
 from tests.scheduler_state.test_pods import fresh, pod, pspec, run, schedule
 
-PAIR = """
-physicalCluster:
-  cellTypes:
-    K80-NODE: {childCellType: K80, childCellNumber: 4, isNodeLevel: true}
-    K80-POOL: {childCellType: K80-NODE, childCellNumber: 2}
-  physicalCells:
-  - cellType: K80-POOL
-    cellChildren: [{cellAddress: n0}, {cellAddress: n1}]
-virtualClusters:
-  vc1:
-    virtualCells: [{cellType: K80-POOL.K80-NODE, cellNumber: 1}]
-"""
+def pair_config() -> dict[str, Any]:
+    """test_hived_fidelity's four nodes cut to one pool of two, with one node of quota."""
+    cfg = yaml.safe_load(FOUR_NODES)
+    del cfg["physicalCluster"]["physicalCells"][1]
+    cfg["virtualClusters"] = {"vc1": {"virtualCells": [{"cellType": "K80-POOL.K80-NODE", "cellNumber": 1}]}}
+    return cfg
 
 
 def bound(m: SchedulerStateMachine, uid: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +209,7 @@ def test_reservation_of_a_cell_an_opportunistic_victim_runs_on() -> None:
     ``allocateLeafCell`` in createPreemptingAffinityGroup), the free ones Reserved. No
     other opportunistic group gets them; when the victim goes the preemptor gets the
     whole node."""
-    m = SchedulerStateMachine(load_config(PAIR))
+    m = SchedulerStateMachine(load_config(pair_config()))
     run(m, {"op": "allocate", "group": pspec("o-full", "vc1", -1, 1, 4)})
     o = bound(m, "o0", pspec("o-half", "vc1", -1, 1, 2))
     node = o["node"]
@@ -239,7 +236,7 @@ def test_reservation_of_a_cell_an_opportunistic_victim_runs_on() -> None:
 def test_cancelling_a_reservation_on_an_opportunistic_victim() -> None:
     """Cell e4 for a Reserving cell whose victim is opportunistic: the preemptor's
     virtual cell is released, the victim keeps running on the physical cell."""
-    m = SchedulerStateMachine(load_config(PAIR))
+    m = SchedulerStateMachine(load_config(pair_config()))
     run(m, {"op": "allocate", "group": pspec("o-full", "vc1", -1, 1, 4)})
     bound(m, "o0", pspec("o-half", "vc1", -1, 1, 2))
     schedule(m, "g0", pspec("g", "vc1", 0, 1, 4), op="pod_preempt")

@@ -206,6 +206,18 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
             self.count += 1
             return f"g{self.count}"
 
+        def _group(self, name: str, where: Target, prio: int, pods: int, k: int) -> dict[str, Any]:
+            """A group spec of ``pods`` x ``k`` leaf cells at ``where``."""
+            vc, leaf_type, pinned = where
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio,
+                                     "affinityGroup": {"name": name,
+                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            if pinned:
+                group["pinnedCellId"] = pinned
+            return group
+
         def _before(self) -> dict[str, tuple[str, int, bool, bool]]:
             return {g.name: (g.req.vc, g.priority, g.opportunistic, g.req.lazy_preemption)
                     for g in self.m.groups.values()}
@@ -255,13 +267,8 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                                 lazy: bool, wait: bool) -> None:
             vc, leaf_type, pinned = where
             name = self.name()
-            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio, "lazyPreemptionEnable": lazy,
-                                     "affinityGroup": {"name": name,
-                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
-            if leaf_type:
-                group["leafCellType"] = leaf_type
-            if pinned:
-                group["pinnedCellId"] = pinned
+            group = self._group(name, where, prio, pods, k)
+            group["lazyPreemptionEnable"] = lazy
             must = self._must_place(vc, leaf_type, pinned, prio, [k] * pods)
             before = self._before()
             r = self.run({"op": "allocate", "group": group, "wait": wait})
@@ -385,15 +392,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
         # -- pod level: gangs placed pod by pod, HiveD's preempt phase, pod deletion -----------
 
         def _pod_spec(self, name: str, where: Target, prio: int, pods: int, k: int) -> dict[str, Any]:
-            vc, leaf_type, pinned = where
-            spec: dict[str, Any] = {"virtualCluster": vc, "priority": prio, "leafCellNumber": k,
-                                    "affinityGroup": {"name": name,
-                                                      "members": [{"podNumber": pods, "leafCellNumber": k}]}}
-            if leaf_type:
-                spec["leafCellType"] = leaf_type
-            if pinned:
-                spec["pinnedCellId"] = pinned
-            return spec
+            return {**self._group(name, where, prio, pods, k), "leafCellNumber": k}
 
         @rule(where=st.sampled_from(profile.contended), prio=st.integers(0, 2), pods=st.integers(1, 3),
               k=st.sampled_from([1, 2, 4]))
