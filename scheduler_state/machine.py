@@ -859,8 +859,10 @@ class SchedulerStateMachine:
         if name in self.preemptors:
             if cmd.get("pods") is not None:
                 raise CommandError(f"group {name} is preempting; release it whole to cancel its preemption")
-            _pods.cancel_preemption(self, self.preemptors[name])
-            return {"ok": True, "group": name, "cancelled": True, "scheduled": []}
+            p = self.preemptors[name]
+            freed = p.reserved_leaves() > 0  # its reserved cells are free again: the queue is retried
+            _pods.cancel_preemption(self, p)
+            return {"ok": True, "group": name, "cancelled": True, "scheduled": self._retry_pending() if freed else []}
         g = self.groups.get(name)
         if g is None:
             raise CommandError(f"group {name} does not exist")

@@ -48,7 +48,7 @@ Commands (results are dicts with ``ok``; a malformed command changes nothing):
   left G is deleted and its cells freed (HiveD's ``allPodsReleased``: cells stay with
   the group until its last pod is gone). A Preempting pod leaves G's preempting pods;
   the last one cancels G's preemption (its reserved cells are free again, its victims
-  plain Allocated again).
+  plain Allocated again; the pending queue is retried when cells were freed).
 - ``add_allocated_pod``: ``{"pod", "spec", "bind_info"}`` (HiveD's AddAllocatedPod,
   used for recovery and for reconfiguration from running pods): ``bind_info`` is
   HiveD's ``PodBindInfo`` (mapping or the ``pod-bind-info`` YAML). If G exists the pod
@@ -754,10 +754,11 @@ def cmd_pod_delete(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, A
         p.pods.remove(ref)
         del m.pod_refs[uid]
         cancelled = not p.pods
+        freed = cancelled and p.reserved_leaves() > 0
         if cancelled:
             cancel_preemption(m, p)
         return {"ok": True, "pod": uid, "group": p.name, "state": PREEMPTING, "deleted": True, "released": False,
-                "preemption_cancelled": cancelled, "scheduled": []}
+                "preemption_cancelled": cancelled, "scheduled": m._retry_pending() if freed else []}
     g = m.groups[ref.group]
     assert g.slots is not None
     g.slots[ref.slot] = None

@@ -165,7 +165,9 @@ def test_a_higher_priority_group_overwrites_the_reservation_and_cancels_the_pree
 
 def test_cancelling_the_preemption_frees_the_reservation() -> None:
     """AG e7 / cell e7: the Preempting AG's pods all deleted: Reserved -> Free; its
-    Reserving cells stay with the victim (cell e4). So does a group-level release."""
+    Reserving cells stay with the victim (cell e4). So does a group-level release. The
+    pending queue is retried in the same command (cells were freed): the waiting group
+    gets the formerly reserved cells."""
     for how in ("pod_delete", "release"):
         m, node = preempting_on_half_free_node()
         waiting = run(m, {"op": "allocate", "group": pspec("w", "vc-b", 0, 1, 2)})
@@ -173,13 +175,12 @@ def test_cancelling_the_preemption_frees_the_reservation() -> None:
         if how == "pod_delete":
             r = run(m, {"op": "pod_delete", "pod": {"uid": "h0"}})
             assert r["preemption_cancelled"]
-            # the freed cells are there for the next command (the queue is retried when
-            # cells are released by a group, as before)
-            r = run(m, {"op": "allocate", "group": pspec("next", "vc-b", 0, 1, 2)})
-            assert r["ok"] and cells_of(r) == [(node, 0), (node, 1)]
         else:
             r = run(m, {"op": "release", "group": "high"})
             assert r["ok"] and r["cancelled"]
+        assert r["scheduled"] == [{"group": "w", "preempted": [], "lazy_preempted": []}]
+        assert m.apply({"op": "group_status", "group": "w"})["placement"][0]["leaf_cells"] == [0, 1]
+        assert m.apply({"op": "group_status", "group": "w"})["placement"][0]["node"] == node
         assert not m.preemptors and m.group("low").preempted_by is None
         assert check(m) == []
 
