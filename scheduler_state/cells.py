@@ -455,6 +455,22 @@ class Cluster:
         p.prio = prio
         _physical_up(p, 1, prio == OPPORTUNISTIC_PRIORITY, p.bad == 0 and not p.in_pinned, t)
 
+    def use_virtual(self, g: Group, v: VCell, p: PCell, prio: int, t: Touched) -> None:
+        """Bind virtual leaf ``v`` to ``p`` and give ``v`` alone to ``g``: a Preempting
+        group's reservation of a virtual leaf whose physical leaf a victim still uses
+        (HiveD's Reserving cell: the preemptor's binding and priority, the victim's pods)."""
+        self.bind(v, p)
+        v.user = g
+        v.prio = prio
+        _virtual_up(v, -1, t.v)
+
+    def unuse_virtual(self, v: VCell, t: Touched) -> None:
+        """Undo ``use_virtual`` (the physical leaf is left as it is)."""
+        v.user = None
+        v.prio = FREE_PRIORITY
+        _virtual_up(v, 1, t.v)
+        self.unbind(v)
+
     def unuse_leaf(self, p: PCell, v: VCell | None, t: Touched) -> None:
         """Take leaf ``p`` (and its virtual leaf ``v``, then unbound) from its group."""
         if v is not None:

@@ -23,7 +23,8 @@ is a dict with ``type`` and, for group events, ``group``:
   ``group``, ``node``, ``leaf_cells``; preceded by ``placed`` with ``via: "pod"`` when
   its group was placed by it, or ``via: "add_allocated_pod"``), ``pod_bound``,
   ``pod_deleted`` (then ``released`` when the group's last pod went),
-  ``preempting`` (a group entered HiveD's Preempting state: ``victims``) and
+  ``preempting`` (a group entered HiveD's Preempting state: ``victims``; groups it
+  lazily preempted on the way are ``lazy_preempted``) and
   ``preemption_cancelled`` (``reason``); a Preempting group placed once its victims
   left is ``placed`` with ``via`` the op that freed the cells.
 
@@ -137,6 +138,8 @@ def _pod_events(op: str, result: dict[str, Any]) -> list[dict[str, Any]]:
         if result.get("preempting") or gone:
             out.append({"type": "preempting", "group": name, "victims": [v["group"] for v in result.get("victims") or ()]
                         + list(gone)})
+        for v in result.get("lazy_preempted") or ():
+            out.append({"type": "lazy_preempted", "group": v, "by": name})
         for v in gone:
             out.append({"type": "preempted", "group": v, "by": name})
         _scheduled(rest, "pod_preempt", out)

@@ -12,9 +12,13 @@ and tools read Cellar's ``/v1/inspect/...`` the same way. What differs:
   preempts atomically.
 - ``lazyPreemptionStatus`` has the ``preemptor`` but no ``preemptionTime`` (the
   machine keeps no wall clock).
-- Cell states are ``Free`` or ``Used`` (no ``Reserving`` / ``Reserved``); an inner
-  cell's priority is the highest of its leaves', ``-2`` (HiveD's free priority) when
-  free; a cell is ``Bad`` when every leaf below it is on a bad node.
+- Cell states: a leaf cell is ``Free``, ``Used``, or, for a Preempting group's plan
+  (``state-machine.md``), ``Reserved`` (reserved for it) or ``Reserving`` (a victim
+  still holds it); an inner cell is ``Used`` when some leaf below it is not free
+  (reserved ones included), else ``Free``. An inner cell's priority is the highest of
+  its leaves', ``-2`` (HiveD's free priority) when free; a reserved leaf has its
+  Preempting group's priority. A cell is ``Bad`` when any leaf below it is on a bad
+  node.
 
 Every function is pure: the same state gives the same bytes (lists in config or
 allocation order, dict keys sorted by the encoder).
@@ -82,12 +86,26 @@ def affinity_groups(m: SchedulerStateMachine) -> dict[str, Any]:
     return {"items": items}
 
 
-def _pcell_base(p: PCell) -> dict[str, Any]:
+def reservation_states(m: SchedulerStateMachine) -> dict[Any, str]:
+    """Leaf cells (physical and virtual) of Preempting groups' plans -> ``Reserved`` or
+    ``Reserving`` (HiveD's cell states; empty without Preempting groups)."""
+    out: dict[Any, str] = {}
+    cl = m.cluster
+    for pre in m.preemptors.values():
+        for pod, vrow, prow in zip(pre.hold.pods, pre.vplan, pre.plan):
+            for j, v in enumerate(vrow):
+                state = "Reserved" if pod.pleaves[j] is not None else "Reserving"
+                out[v] = state
+                out[cl.leaf_by_device[prow[j]]] = state
+    return out
+
+
+def _pcell_base(p: PCell, marks: dict[Any, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "leafCellType": p.chain.info.leaf_type,
         "cellType": p.ctype,
         "cellAddress": p.addr,
-        "cellState": "Used" if p.used else "Free",
+        "cellState": (marks.get(p) if marks else None) or ("Used" if p.used else "Free"),
         "cellHealthiness": "Bad" if p.bad else "Healthy",  # HiveD: bad if ANY leaf below is bad
         "cellPriority": _pprio(p),
     }
@@ -104,14 +122,14 @@ def _pprio(p: PCell) -> int:
     return max(_pprio(c) for c in p.children)
 
 
-def _vcell_base(v: VCell) -> dict[str, Any]:
+def _vcell_base(v: VCell, marks: dict[Any, str] | None = None) -> dict[str, Any]:
     used = v.free < v.leaves
     p = v.pcell
     out: dict[str, Any] = {
         "leafCellType": v.scope.chain.info.leaf_type,
         "cellType": v.ctype,
         "cellAddress": v.addr,
-        "cellState": "Used" if used else "Free",
+        "cellState": (marks.get(v) if marks else None) or ("Used" if used else "Free"),
         # HiveD: a virtual cell bound to a bad physical cell (doomed bad included) is bad
         "cellHealthiness": "Bad" if p is not None and p.bad else "Healthy",
         "cellPriority": _vprio(v) if used else FREE_PRIORITY,
@@ -127,33 +145,35 @@ def _vprio(v: VCell) -> int:
     return max(_vprio(c) for c in v.children)
 
 
-def physical_cell(p: PCell) -> dict[str, Any]:
-    out = _pcell_base(p)
+def physical_cell(p: PCell, marks: dict[Any, str] | None = None) -> dict[str, Any]:
+    out = _pcell_base(p, marks)
     if p.children:
-        out["cellChildren"] = [physical_cell(c) for c in p.children]
+        out["cellChildren"] = [physical_cell(c, marks) for c in p.children]
     v = p.vcell
     if v is not None:
         out["vc"] = v.vc
-        out["virtualCell"] = _vcell_base(v)
+        out["virtualCell"] = _vcell_base(v, marks)
     return out
 
 
-def virtual_cell(v: VCell) -> dict[str, Any]:
-    out = _vcell_base(v)
+def virtual_cell(v: VCell, marks: dict[Any, str] | None = None) -> dict[str, Any]:
+    out = _vcell_base(v, marks)
     if v.children:
-        out["cellChildren"] = [virtual_cell(c) for c in v.children]
+        out["cellChildren"] = [virtual_cell(c, marks) for c in v.children]
     p = v.pcell
     if p is not None:
-        out["physicalCell"] = _pcell_base(p)
+        out["physicalCell"] = _pcell_base(p, marks)
     return out
 
 
 def physical_cluster(m: SchedulerStateMachine) -> list[dict[str, Any]]:
-    return [physical_cell(top) for chain in m.cluster.chains.values() for top in chain.tops]
+    marks = reservation_states(m)
+    return [physical_cell(top, marks) for chain in m.cluster.chains.values() for top in chain.tops]
 
 
 def virtual_cluster(m: SchedulerStateMachine, vc: str) -> list[dict[str, Any]]:
-    return [virtual_cell(r) for scope in m.cluster.scopes_of(vc) for r in scope.roots]
+    marks = reservation_states(m)
+    return [virtual_cell(r, marks) for scope in m.cluster.scopes_of(vc) for r in scope.roots]
 
 
 def virtual_clusters(m: SchedulerStateMachine) -> dict[str, list[dict[str, Any]]]:

@@ -27,9 +27,15 @@ Checked:
    pod. A Preempting group is neither allocated nor pending, has at least one pod and
    at least one victim; its victims are exactly the allocated groups marked Being
    preempted by it (so a group is the victim of one preemptor at a time), and each
-   victim holds some of the cells the Preempting group's plan will use (its
-   reservation is its victims' cells; no leaf is held twice, rule 1). A group's kept
-   bind info YAML (``Group.bind_yaml``, derived) is that of its pods' placements.
+   victim holds some of the cells the Preempting group's plan will use.
+   **Reservations**: the cells reserved for a Preempting group are used by its
+   reservation alone, at its priority, bound to planned virtual leaves of its VC, and
+   never overlap another group's allocation (no leaf held twice, rule 1); its
+   reserved cells plus its victims' cells are exactly its plan (every planned
+   device, physical and virtual leaf, is reserved or held by one of its victims; an
+   opportunistic victim's leaf may be bound only to a virtual leaf reserved by its
+   preemptor). A group's kept bind info YAML (``Group.bind_yaml``, derived) is that of
+   its pods' placements.
 7. **Virtual-cell health** (``health.py``, HiveD's doomed bad cells): every virtual cell
    bound with no leaf in use below it (other than a pinned cell) is a health binding,
    and every health binding is to a bad physical cell (doomed-bad bindings only to bad
@@ -115,7 +121,9 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
                 if g.opportunistic:
                     if v is not None:
                         _err(out, f"opportunistic group {name} holds virtual leaf {v.addr}")
-                    if p.vcell is not None:
+                    if p.vcell is not None and (p.vcell.user is None or p.vcell.user.reserving is None or
+                                                g.preempted_by != p.vcell.user.name):
+                        # (bound only to a virtual leaf reserved by the group preempting it)
                         _err(out, f"leaf {p.addr} of opportunistic group {name} is bound to {p.vcell.addr}")
                     continue
                 if v is None:
@@ -132,6 +140,7 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
                 if v.id in vholder:
                     _err(out, f"virtual leaf {v.addr} held by both {vholder[v.id]} and {name}")
                 vholder[v.id] = name
+    _check_holds(m, holder, vholder, out)
     for p in cl.pcells:
         if p.level == 1 and p.user is not None and p.id not in holder:
             _err(out, f"leaf {p.addr} has user {p.user.name} but is in no group's placement")
@@ -205,6 +214,61 @@ def _check(m: SchedulerStateMachine, out: list[str]) -> None:
         short = safety_shortfall(chain, demand)
         if short is not None:
             _err(out, f"VC safety broken: {short}")
+
+
+def _check_holds(m: SchedulerStateMachine, holder: dict[int, str], vholder: dict[int, str], out: list[str]) -> None:
+    """Rule 6, reservations: the cells reserved for a Preempting group (``hold``) are
+    used by it alone, at its priority, in its VC; with its victims' cells they are
+    exactly its plan (each planned device either reserved or a victim's)."""
+    cl = m.cluster
+    for pname in sorted(getattr(m, "preemptors", {})):
+        pre = m.preemptors[pname]
+        hold = pre.hold
+        if hold.reserving is not pre or hold.name != pname or hold.priority != pre.req.priority:
+            _err(out, f"preempting group {pname}: its reservation is not its own")
+        if pname in m.groups and m.groups[pname] is hold:
+            _err(out, f"preempting group {pname}: its reservation is registered as an allocated group")
+        if len(hold.pods) != len(pre.plan) or len(pre.vplan) != len(pre.plan):
+            _err(out, f"preempting group {pname}: plan, virtual plan and reservation differ in shape")
+            continue
+        victims = set(pre.victims)
+        for i, (pod, vrow, prow) in enumerate(zip(hold.pods, pre.vplan, pre.plan)):
+            if len(vrow) != len(prow) or len(pod.pleaves) != len(prow) or len(pod.vleaves) != len(prow):
+                _err(out, f"preempting group {pname} pod {i}: plan rows differ in length")
+                continue
+            for j, (v, dev) in enumerate(zip(vrow, prow)):
+                c = cl.leaf_by_device.get(dev)
+                rp, rv = pod.pleaves[j], pod.vleaves[j]
+                if c is None or v.level != 1 or v.vc != pre.req.vc or (
+                        (v.scope.pinned_id or None) != (pre.req.pinned_id or None)):
+                    _err(out, f"preempting group {pname}: planned device {dev} / {v.addr} is not a leaf of its VC")
+                    continue
+                if pod.devices[j][:2] != dev:
+                    _err(out, f"preempting group {pname}: reservation device {pod.devices[j]} is not planned {dev}")
+                if rp is not None and rp is not c:
+                    _err(out, f"preempting group {pname}: reserved {rp.addr} is not planned device {dev}")
+                if rv is not None and rv is not v:
+                    _err(out, f"preempting group {pname}: reserved {rv.addr} is not planned {v.addr}")
+                if rp is not None and rv is None:
+                    _err(out, f"preempting group {pname}: {c.addr} reserved without its virtual leaf")
+                if rv is not None:
+                    if v.user is not hold or v.prio != hold.priority or v.pcell is not c or c.vcell is not v:
+                        _err(out, f"preempting group {pname}: reserved {v.addr} is not its own, bound to {c.addr}")
+                    if v.id in vholder:
+                        _err(out, f"virtual leaf {v.addr} held by both {vholder[v.id]} and {pname} (reserved)")
+                    vholder[v.id] = pname
+                elif v.user is None or v.user.name not in victims or v.pcell is not c:
+                    _err(out, f"preempting group {pname}: planned {v.addr} is neither reserved nor its victim's "
+                              f"(bound to {c.addr})")
+                if rp is not None:
+                    if c.user is not hold or c.prio != hold.priority:
+                        _err(out, f"preempting group {pname}: reserved leaf {c.addr} is used by {c.user!r}")
+                    if c.id in holder:  # reserved cells never overlap another group's allocation
+                        _err(out, f"leaf {c.addr} held by both {holder[c.id]} and {pname} (reserved)")
+                    holder[c.id] = pname
+                elif c.user is None or c.user.name not in victims:
+                    _err(out, f"preempting group {pname}: planned leaf {c.addr} is neither reserved nor held by "
+                              f"one of its victims ({c.user!r})")
 
 
 def _maximal_free(top: PCell, out: list[PCell]) -> None:

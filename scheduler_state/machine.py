@@ -127,7 +127,7 @@ class Group:
     """An allocated affinity group."""
 
     __slots__ = ("name", "seq", "req", "priority", "pods", "lazy_by", "lease_ms", "chain", "slots", "preempted_by",
-                 "bind_yaml")
+                 "bind_yaml", "reserving")
 
     def __init__(self, req: Request, seq: int, chain: str) -> None:
         self.name = req.name
@@ -145,6 +145,9 @@ class Group:
         # Derived, not state: the YAML of its pods' placements in HiveD's pod bind info,
         # made at the first pod-level answer (pods.bind_info_yaml); its pods are fixed by then.
         self.bind_yaml: str | None = None
+        # Set on the cells a Preempting group reserved (pods.Preemptor.hold), not on an
+        # allocated group: the Preemptor they are held for (HiveD's Reserved cells).
+        self.reserving: Any = None
 
     @property
     def opportunistic(self) -> bool:
@@ -173,9 +176,15 @@ class _Attempt:
     With ``mode`` "no_victims" or "dry" (pod-level scheduling) a placement that needs
     victims is not committed: ``blocked`` is True, ``preempted`` names the victims and
     ``plan`` holds the physical devices per pod. In "dry" mode a placement without
-    victims is not committed either: ``placeable`` is True (and ``plan`` set)."""
+    victims is not committed either: ``placeable`` is True (and ``plan`` set). In
+    "reserve" mode (pod_preempt) a placement with victims makes its group Preempting
+    (``preemptor``, pods.reserve) and one without is not committed.
 
-    __slots__ = ("group", "reason", "preempted", "lazy_preempted", "blocked", "placeable", "plan")
+    ``cancelled``: Preempting groups of lower priority whose cells (reserved, or their
+    victims') the placement overwrites: cancelled when it is committed (HiveD's e5)."""
+
+    __slots__ = ("group", "reason", "preempted", "lazy_preempted", "blocked", "placeable", "plan", "cancelled",
+                 "preemptor")
 
     def __init__(self, group: Group | None, reason: str | None = None,
                  preempted: list[str] | None = None, lazy_preempted: list[str] | None = None) -> None:
@@ -186,6 +195,8 @@ class _Attempt:
         self.blocked = False
         self.placeable = False
         self.plan: list[list[tuple[str, int]]] | None = None
+        self.cancelled: list[str] = []
+        self.preemptor: Any = None
 
 
 def _int(cmd: dict[str, Any], key: str, minimum: int) -> int:
@@ -369,7 +380,7 @@ class SchedulerStateMachine:
             e = Pending(rec["seq"], request_from_record(rec["spec"]), rec["lease_ms"])
             self.pending.append(e)
             self.pending_by_name[e.req.name] = e
-        _pods.load_machine(self, state)
+        _pods.load_machine(self, state, t)
         pairs = [(cl.vcells[vid], cl.pcells[pid]) for vid, pid in state.get("health_bindings", ())]
         for v, p in sorted(pairs, key=lambda vp: (-vp[0].level, vp[0].id)):
             if v.pcell is None:
@@ -412,6 +423,7 @@ class SchedulerStateMachine:
             p = self.preemptors.get(g.preempted_by)
             if p is not None and g.name in p.victims:
                 p.victims.remove(g.name)
+                _pods.reserve_free(self, p, t)  # its planned cells: Reserving -> Reserved
         self._drop_group(g)
 
     # -- request validation -------------------------------------------------------------
@@ -474,7 +486,8 @@ class SchedulerStateMachine:
     def _attempt(self, req: Request, seq: int, known: tuple[list[Any], str | None] | None = None,
                  mode: str = "commit") -> _Attempt:
         """Place ``req``. ``mode``: "commit" (preempt victims atomically), "no_victims"
-        (commit only a placement without victims), "dry" (commit nothing); see _Attempt."""
+        (commit only a placement without victims), "dry" (commit nothing), "reserve"
+        (a placement with victims becomes a Preempting group); see _Attempt."""
         cands, why = known if known is not None else self._candidates(req)
         if not cands:
             return _Attempt(None, why)
@@ -505,7 +518,7 @@ class SchedulerStateMachine:
                     break
             if found is None:
                 continue
-            if mode == "dry":
+            if mode in ("dry", "reserve"):  # (an opportunistic group never has victims)
                 a = _Attempt(None)
                 a.placeable = True
                 a.plan = [[(p.node, p.leaf_index) for p in leaves] for leaves in found]
@@ -555,6 +568,10 @@ class SchedulerStateMachine:
                                 lower.append(g)
                             elif held is None or by.seq < held.seq:
                                 held = by
+                    if self.preemptors:  # cells reserved at a lower priority may be overwritten (e6)
+                        for p in self.preemptors.values():
+                            if p.req.vc == req.vc and p.req.priority < req.priority:
+                                lower.append(p.hold)
                     if not lower:
                         continue
                     placer = virtual_preempt_placer(scope, req.priority, sugg, lower)
@@ -576,6 +593,11 @@ class SchedulerStateMachine:
             if held is not None:
                 reason += (f"; cells of lower-priority groups are being preempted by affinity group {held.name} "
                            f"(priority {held.req.priority})")
+            for p in sorted(self.preemptors.values(), key=lambda p: p.seq) if self.preemptors else ():
+                n = p.reserved_leaves() if p.req.vc == req.vc and p.req.priority >= req.priority else 0
+                if n:
+                    reason += (f"; {n} leaf cells are reserved for Preempting affinity group {p.name} "
+                               f"(priority {p.req.priority})")
             if cl.hbound:
                 bad = sorted({n for v in cl.hbound if v.scope in scopes and v.pcell is not None
                               for n in cl.nodes_of(v.pcell) if n in cl.bad_nodes})
@@ -591,6 +613,7 @@ class SchedulerStateMachine:
         cl = self.cluster
         victims: dict[str, Group] = {}
         lazy: dict[str, Group] = {}
+        holds: dict[str, Group] = {}  # reservations of Preempting groups (lower priority) overwritten
         for leaves in vplace:
             top = leaves[0]
             while not top.nodeish and top.parent is not None:
@@ -600,7 +623,10 @@ class SchedulerStateMachine:
             for v in leaves:
                 u = v.user
                 if u is not None:
-                    (lazy if u.req.lazy_preemption else victims)[u.name] = u
+                    if u.reserving is not None:
+                        holds[u.name] = u
+                    else:
+                        (lazy if u.req.lazy_preemption else victims)[u.name] = u
         lazy_list = sorted(lazy.values(), key=lambda g: g.seq)
         t = Touched()
         saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
@@ -628,7 +654,8 @@ class SchedulerStateMachine:
                     failure = f"mapping the VC placement would need bad node {p.node}"
                 elif sugg is not None and p.node not in sugg:
                     failure = f"mapping the VC placement would need node {p.node}, not among the suggested nodes"
-                elif p.user is not None and p.prio != OPPORTUNISTIC_PRIORITY and p.user.name not in victims:
+                elif p.user is not None and p.prio != OPPORTUNISTIC_PRIORITY and p.user.name not in victims and \
+                        p.user.reserving is None:
                     failure = f"internal: {p.addr} is held by {p.user.name}, which is not a victim"
                 if failure is not None:
                     break
@@ -645,17 +672,26 @@ class SchedulerStateMachine:
         for row in pplace:
             for p in row:
                 u = p.user
-                if u is not None and u.name not in victims:
+                if u is not None and u.name not in victims and u.reserving is None:
                     victims[u.name] = u  # an opportunistic user of a physical cell we need
         ordered = sorted(victims.values(), key=lambda g: g.seq)
         held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None)
-        if held is not None:  # HiveD: Reserving cells go only to a higher-priority preemptor
+        if held is None:
+            held = next((h.reserving for h in holds.values() if h.reserving.req.priority >= req.priority), None)
+        if held is not None:  # HiveD: Reserving/Reserved cells go only to a higher-priority group
             for g, vl in reversed(saved):
                 self._unlazy(g, vl, t)
             cl.reindex(t)
             return _Attempt(None, f"the cells it needs are being preempted by affinity group {held.name} "
                                   f"(priority {held.req.priority})")
-        if mode == "dry" or (mode == "no_victims" and ordered):
+        # Preempting groups (of lower priority) whose cells this placement overwrites:
+        # reserved ones, or their victims' (HiveD e3/e6: cancelled, e5).
+        over = {h.name: h.reserving for h in holds.values()}
+        for x in ordered + lazy_list:
+            if x.preempted_by is not None and x.preempted_by in self.preemptors:
+                over[x.preempted_by] = self.preemptors[x.preempted_by]
+        cancel = sorted(over.values(), key=lambda p: p.seq)
+        if mode == "dry" or (mode == "no_victims" and ordered) or (mode == "reserve" and not ordered):
             # Not committed: undo the lazy demotions, report the plan (pods.py).
             for g, vl in reversed(saved):
                 self._unlazy(g, vl, t)
@@ -665,6 +701,19 @@ class SchedulerStateMachine:
             out.blocked = bool(ordered)
             out.placeable = not ordered
             out.plan = [[(p.node, p.leaf_index) for p in row] for row in pplace]  # type: ignore[misc]
+            out.cancelled = [p.name for p in cancel]
+            return out
+        for p in cancel:
+            _pods.cancel_preemption(self, p, t)
+        if mode == "reserve":  # Preempting: victims marked, the free cells of the plan reserved
+            pre = _pods.reserve(self, req, seq, ordered, vplace, pplace, t)
+            cl.reindex(t)
+            out = _Attempt(None, "needs preemption", [x.name for x in ordered],
+                           [x.name for x in lazy_list if x.name not in victims])
+            out.blocked = True
+            out.plan = pre.plan
+            out.cancelled = [p.name for p in cancel]
+            out.preemptor = pre
             return out
         for g in ordered:
             self._remove_group(g, t)
@@ -680,7 +729,9 @@ class SchedulerStateMachine:
             g.pods.append(Pod(k, devices, list(pleaves), list(vleaves)))
         cl.reindex(t)
         self._add_group(g)
-        return _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])
+        out = _Attempt(g, None, [x.name for x in ordered], [x.name for x in lazy_list if x.name not in victims])
+        out.cancelled = [p.name for p in cancel]
+        return out
 
     def _reserved_by(self, g: Group, priority: int) -> Any:
         """The Preempting group (pods.py) whose victim ``g`` is, if its priority is at
@@ -744,6 +795,7 @@ class SchedulerStateMachine:
                 failed.add(shape)
             else:
                 failed.clear()
+                out += _pods.cancelled_entries(attempt.cancelled, e.req.name)
                 self._unqueue(e)
                 attempt.group.lease_ms = e.lease_ms
                 out.append({"group": e.req.name, "preempted": attempt.preempted,
@@ -792,7 +844,8 @@ class SchedulerStateMachine:
         g.lease_ms = lease
         result = self._group_view(g)
         result.update(ok=True, preempted=attempt.preempted, lazy_preempted=attempt.lazy_preempted)
-        result["scheduled"] = self._retry_pending() if attempt.preempted else []
+        result["scheduled"] = _pods.cancelled_entries(attempt.cancelled, g.name) + (
+            self._retry_pending() if attempt.preempted or attempt.cancelled else [])
         return result
 
     def _cmd_release(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -806,8 +859,10 @@ class SchedulerStateMachine:
         if name in self.preemptors:
             if cmd.get("pods") is not None:
                 raise CommandError(f"group {name} is preempting; release it whole to cancel its preemption")
-            _pods.cancel_preemption(self, self.preemptors[name])
-            return {"ok": True, "group": name, "cancelled": True, "scheduled": []}
+            p = self.preemptors[name]
+            freed = p.reserved_leaves() > 0  # its reserved cells are free again: the queue is retried
+            _pods.cancel_preemption(self, p)
+            return {"ok": True, "group": name, "cancelled": True, "scheduled": self._retry_pending() if freed else []}
         g = self.groups.get(name)
         if g is None:
             raise CommandError(f"group {name} does not exist")
@@ -1105,7 +1160,11 @@ class SchedulerStateMachine:
             return {"ok": True, "group": name, "state": "preempting", "vc": p.req.vc, "priority": p.req.priority,
                     "victims": _pods.victims_view(self, p.victims), "preempting_pods": [r.uid for r in p.pods],
                     "planned_placement": [{"node": row[0][0] if row else None, "leaf_cells": [i for _, i in row]}
-                                          for row in p.plan]}
+                                          for row in p.plan],
+                    # per pod, the planned leaf cells reserved for it (HiveD's Reserved cells)
+                    "reserved_placement": [{"node": row[0][0] if row else None,
+                                            "leaf_cells": [c.leaf_index for c in pod.pleaves if c is not None]}
+                                           for row, pod in zip(p.plan, p.hold.pods)]}
         raise CommandError(f"group {name} does not exist")
 
     def _cmd_list_groups(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1151,8 +1210,12 @@ class SchedulerStateMachine:
             else:
                 used[str(g.priority)] = used.get(str(g.priority), 0) + n
         health = {h: sum(1 for c in cells if c["health"] == h) for h in ("healthy", "bad", "doomed-bad")}
+        # virtual leaves reserved for the VC's Preempting groups (not free, not listed above)
+        reserved = sum(1 for p in self.preemptors.values() if p.req.vc == vc
+                       for pod in p.hold.pods for v in pod.vleaves if v is not None)
         return {"ok": True, "vc": vc, "cells": cells, "cell_health": health,
                 "guaranteed_leaf_cells_by_priority": dict(sorted(used.items(), key=lambda kv: int(kv[0]))),
+                "reserved_leaf_cells": reserved,
                 "opportunistic_leaf_cells": opp,
                 "groups": [g.name for g in sorted(self.vc_groups[vc].values(), key=lambda g: g.seq)]}
 

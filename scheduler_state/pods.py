@@ -26,16 +26,20 @@ Commands (results are dicts with ``ok``; a malformed command changes nothing):
   * The pod is already Binding: the same answer again (idempotent, HiveD "insists on
     the previous bind result"); already Bound: an error.
 - ``pod_preempt`` (the extender's *preempt* phase), same fields. For a new group whose
-  placement needs victims, G enters HiveD's **Preempting** state: the placement and the
-  victims are recorded, each victim group is **Being preempted** (whole group: all its
-  pods are named). Victims with no live pod (groups allocated at group level, or whose
-  pods are all gone) leave at once. A Preempting group of lower priority whose victims
-  overlap is cancelled (HiveD: "further preempted by a higher-priority affinity
-  group"); one of equal or higher priority makes this pod wait. For a Preempting G
-  whose recorded placement now touches a bad node or (when G does not ignore K8s
-  suggested nodes) a node outside ``suggestedNodes``, the preemption is cancelled and
-  G is planned afresh. Placeable without victims: ``preempting: false`` and nothing
-  changes (the next filter places it).
+  placement needs victims, G enters HiveD's **Preempting** state: the placement (its
+  physical and virtual leaf cells) and the victims are recorded, each victim group is
+  **Being preempted** (whole group: all its pods are named; its planned cells are
+  HiveD's *Reserving* cells) and **the free cells of the plan are reserved for G**
+  (HiveD's *Reserved* cells, ``state-machine.md`` cell e5; ``reserved_leaf_cells``).
+  Lazy-preemptible groups on its virtual cells are demoted now (``lazy_preempted``).
+  Victims with no live pod (groups allocated at group level, or whose pods are all
+  gone) leave at once. A Preempting group of lower priority whose cells (reserved or
+  its victims') the placement overwrites is cancelled (HiveD: "further preempted by a
+  higher-priority affinity group"); one of equal or higher priority makes this pod
+  wait. For a Preempting G whose recorded placement now touches a bad node or (when G
+  does not ignore K8s suggested nodes) a node outside ``suggestedNodes``, the
+  preemption is cancelled and G is planned afresh. Placeable without victims:
+  ``preempting: false`` and nothing changes (the next filter places it).
 - ``pod_bind``: ``{"pod", "node", "leaf_cells"?}``: a Binding pod becomes Bound; the
   node (and leaf cells, when given) must be those of its slot ("Pod binding node
   mismatch: expected X, received Y"). Binding again to the same node is answered
@@ -43,7 +47,8 @@ Commands (results are dicts with ``ok``; a malformed command changes nothing):
 - ``pod_delete``: ``{"pod"}``: a Binding/Bound pod frees its slot; when G has no pod
   left G is deleted and its cells freed (HiveD's ``allPodsReleased``: cells stay with
   the group until its last pod is gone). A Preempting pod leaves G's preempting pods;
-  the last one cancels G's preemption (its victims are allocated again).
+  the last one cancels G's preemption (its reserved cells are free again, its victims
+  plain Allocated again; the pending queue is retried when cells were freed).
 - ``add_allocated_pod``: ``{"pod", "spec", "bind_info"}`` (HiveD's AddAllocatedPod,
   used for recovery and for reconfiguration from running pods): ``bind_info`` is
   HiveD's ``PodBindInfo`` (mapping or the ``pod-bind-info`` YAML). If G exists the pod
@@ -51,13 +56,28 @@ Commands (results are dicts with ``ok``; a malformed command changes nothing):
   from ``affinityGroupBindInfo`` (every pod's devices, preassigned cell types), like
   work-preserving reconfiguration: devices no longer in the config are ignored, a
   guaranteed group that no longer fits its VC is lazily preempted. Devices already used
-  by another group are refused.
+  by another group are refused; devices reserved for a Preempting group are taken and
+  that preemption is cancelled (a running pod outranks a reservation: HiveD's cell
+  e8 (i)).
+
+**Reservations** (HiveD's ``state-machine.md``; ``Preemptor.hold``). The cells of a
+Preempting group P's plan are never given to a group of P's priority or lower: its
+free cells are *used* by P's reservation at P's priority (a group outside
+``groups``, so counts, free lists, indexes and VC quota all see them taken, for
+``allocate``, pod-level scheduling, opportunistic groups, the pending queue and
+``what_if`` alike), and its victims' cells are protected while they run. When a victim
+leaves, its planned cells become reserved for P (Reserving -> Reserved). Only a group
+of strictly higher priority may take them -- by ``allocate``, the filter or the
+preempt phase, with or without victims of its own -- and that cancels P (HiveD's AG
+e5): its reserved cells are free again, its victims plain Allocated again. P is also
+cancelled when its pods are all deleted, by a group-level ``release``, when its plan
+leaves the suggested or healthy nodes (preempt phase), by ``reconfigure`` and by
+``add_allocated_pod`` on a reserved device.
 
 When the last victim of a Preempting group is gone (its pods deleted, or released,
-expired...), the preemptor is placed **in the same command**, before the pending queue
-is retried, so no third group can take the cells the victims left; its pods then take
-their slots at their next ``pod_schedule``. If it cannot be placed (the free cells of
-its plan were taken meanwhile) the preemption is cancelled and its pods wait.
+expired...), the preemptor is placed **in the same command**, exactly on its plan (all
+reserved for it by then), before the pending queue is retried; its pods then take their
+slots at their next ``pod_schedule``.
 
 Read-only: ``pod_status`` (``{"pod": {"uid"}}``), ``list_pods``.
 
@@ -72,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from scheduler_state import health as _health
-from scheduler_state.cells import OPPORTUNISTIC_PRIORITY, PCell, Touched
+from scheduler_state.cells import OPPORTUNISTIC_PRIORITY, PCell, Touched, VCell
 from scheduler_state.machine import CommandError, Group, NotFound, Pod, _str
 from scheduler_state.requests import NAME_BYTES_MAX, Request, RequestError, parse_request, request_from_record
 
@@ -106,18 +126,30 @@ class PodRef:
 
 
 class Preemptor:
-    """An affinity group in HiveD's Preempting state: its planned placement and the
-    groups (Being preempted) it waits for."""
+    """An affinity group in HiveD's Preempting state: its planned placement, the groups
+    (Being preempted) it waits for, and the cells of its plan reserved for it."""
 
-    __slots__ = ("name", "seq", "req", "victims", "pods", "plan")
+    __slots__ = ("name", "seq", "req", "victims", "pods", "plan", "vplan", "hold")
 
-    def __init__(self, name: str, seq: int, req: Request, victims: list[str], plan: list[list[tuple[str, int]]]) -> None:
+    def __init__(self, name: str, seq: int, req: Request, victims: list[str], plan: list[list[tuple[str, int]]],
+                 vplan: list[list[VCell]], hold: Group) -> None:
         self.name = name
         self.seq = seq
         self.req = req
         self.victims = victims  # group names, in allocation order
         self.pods: list[PodRef] = []
         self.plan = plan  # (node, leaf index) per pod, as planned at preemption time
+        self.vplan = vplan  # the virtual leaf planned for each of those devices
+        # The reservation: a group (not in ``groups``) that uses the planned cells no
+        # victim holds, at this group's priority. Per device, both leaves (HiveD's
+        # Reserved cell), the virtual leaf only (Reserving: an opportunistic victim
+        # runs on the physical leaf) or neither (Reserving: a victim of its VC holds
+        # both); a victim's cells become Reserved when it leaves (``reserve_free``).
+        self.hold = hold
+
+    def reserved_leaves(self) -> int:
+        """Physical leaf cells reserved (HiveD's Reserved cells)."""
+        return sum(1 for pod in self.hold.pods for p in pod.pleaves if p is not None)
 
 
 # -- input ------------------------------------------------------------------------------
@@ -435,9 +467,78 @@ def _take_slot(m: SchedulerStateMachine, g: Group, slot: int, uid: str, namespac
 # -- preemption bookkeeping ---------------------------------------------------------------
 
 
-def cancel_preemption(m: SchedulerStateMachine, p: Preemptor) -> None:
-    """Preempting -> gone: its pods wait again; its victims are plain Allocated again
-    (HiveD's e5/e7: Reserving cells go back to the Being-preempted group)."""
+def reserve(m: SchedulerStateMachine, req: Request, seq: int, victims: list[Group], vplace: list[list[VCell]],
+            pplace: list[list[PCell]], t: Touched) -> Preemptor:
+    """``req`` enters HiveD's Preempting state (AG e1) on this placement: its victims
+    are Being preempted (cell e2: their cells Reserving), the free cells of the plan
+    are reserved for it (cell e5: Free -> Reserved)."""
+    hold = Group(req, seq, vplace[0][0].scope.chain.info.name)
+    p = Preemptor(req.name, seq, req, [g.name for g in victims],
+                  [[(c.node, c.leaf_index) for c in row] for row in pplace],  # type: ignore[misc]
+                  [list(row) for row in vplace], hold)
+    hold.reserving = p
+    for k, vrow, prow in zip(req.pods, vplace, pplace):
+        n = len(vrow)
+        hold.pods.append(Pod(k, [(c.node, c.leaf_index, v.root.ctype) for v, c in zip(vrow, prow)],  # type: ignore[misc]
+                             [None] * n, [None] * n))
+    m.preemptors[p.name] = p
+    for g in victims:
+        g.preempted_by = p.name
+    reserve_free(m, p, t)
+    return p
+
+
+def reserve_free(m: SchedulerStateMachine, p: Preemptor, t: Touched) -> None:
+    """Reserve for ``p`` every cell of its plan that no victim holds now: at
+    preemption time its free cells (cell e5), later the cells a victim leaves
+    (Reserving -> Reserved). A virtual leaf is reserved once no victim uses it, its
+    physical leaf once no victim runs on it."""
+    cl = m.cluster
+    prio = p.req.priority
+    for pod, vrow, prow in zip(p.hold.pods, p.vplan, p.plan):
+        for j, v in enumerate(vrow):
+            if pod.pleaves[j] is not None:
+                continue
+            c = cl.leaf_by_device[prow[j]]
+            if pod.vleaves[j] is None:
+                if v.user is not None:
+                    continue  # a victim of its VC holds both leaves
+                if c.user is not None:  # an opportunistic victim runs there
+                    cl.use_virtual(p.hold, v, c, prio, t)
+                    pod.vleaves[j] = v
+                    continue
+                cl.bind(v, c)
+                cl.use_leaf(p.hold, c, prio, v, t)
+                pod.vleaves[j] = v
+                pod.pleaves[j] = c
+            elif c.user is None:
+                cl.use_leaf(p.hold, c, prio, None, t)
+                pod.pleaves[j] = c
+
+
+def _release_hold(m: SchedulerStateMachine, p: Preemptor, t: Touched) -> None:
+    """Give back every cell reserved for ``p`` (cell e7: Reserved -> Free; a
+    Reserving cell's physical leaf stays with its victim, cell e4)."""
+    cl = m.cluster
+    for pod in p.hold.pods:
+        for j, v in enumerate(pod.vleaves):
+            c = pod.pleaves[j]
+            if c is not None:
+                cl.unuse_leaf(c, v, t)
+            elif v is not None:
+                cl.unuse_virtual(v, t)
+            pod.pleaves[j] = None
+            pod.vleaves[j] = None
+
+
+def cancel_preemption(m: SchedulerStateMachine, p: Preemptor, t: Touched | None = None) -> None:
+    """Preempting -> gone: its pods wait again; its reserved cells are free again and
+    its victims plain Allocated again (HiveD's AG e5/e7, cell e4/e7)."""
+    own = t is None
+    tt = Touched() if t is None else t
+    _release_hold(m, p, tt)
+    if own:
+        m.cluster.reindex(tt)
     del m.preemptors[p.name]
     for ref in p.pods:
         m.pod_refs.pop(ref.uid, None)
@@ -447,26 +548,35 @@ def cancel_preemption(m: SchedulerStateMachine, p: Preemptor) -> None:
             g.preempted_by = None
 
 
+def cancelled_entries(names: list[str], by: str) -> list[dict[str, Any]]:
+    """``scheduled`` entries for the Preempting groups a committed placement of ``by``
+    cancelled (HiveD's message)."""
+    return [{"group": name, "preemption_cancelled": f"further preempted by a higher-priority affinity group {by}"}
+            for name in names]
+
+
 def complete_preemptions(m: SchedulerStateMachine) -> list[dict[str, Any]]:
-    """Place every Preempting group whose victims are all gone (HiveD's e2), in
-    preemption order; cancel those that no longer fit. Entries join ``scheduled``."""
+    """Place every Preempting group whose victims are all gone (HiveD's AG e2, cell
+    e8 (ii)) exactly on its plan, which is then all reserved for it, in preemption
+    order. Entries join ``scheduled``."""
     out: list[dict[str, Any]] = []
     for p in sorted(m.preemptors.values(), key=lambda p: p.seq):
         if any(_is_victim(m, p, v) for v in p.victims):
             continue
-        cancel_preemption(m, p)  # its pods take their slots at their next pod_schedule
-        try:
-            a = m._attempt(p.req, p.seq, None, mode="no_victims")
-        except RequestError as exc:
-            out.append({"group": p.name, "preemption_cancelled": str(exc)})
+        hold = p.hold
+        if all(c is not None for pod in hold.pods for c in pod.pleaves):
+            del m.preemptors[p.name]
+            for ref in p.pods:  # its pods take their slots at their next pod_schedule
+                m.pod_refs.pop(ref.uid, None)
+            hold.reserving = None
+            hold.slots = [None] * len(hold.pods)
+            m._add_group(hold)
+            out.append({"group": p.name, "preempted": [], "lazy_preempted": [], "preemption_completed": True})
             continue
-        if a.group is not None:
-            a.group.slots = [None] * len(a.group.pods)
-            out.append({"group": p.name, "preempted": [], "lazy_preempted": a.lazy_preempted,
-                        "preemption_completed": True})
-        else:
-            why = "its placement now needs other victims" if a.blocked else a.reason
-            out.append({"group": p.name, "preemption_cancelled": f"cannot be placed after its victims left: {why}"})
+        # Defensive only: once its victims are gone every cell of the plan is reserved
+        # for it (invariant 6), so this is not reached through the commands.
+        cancel_preemption(m, p)
+        out.append({"group": p.name, "preemption_cancelled": "its planned cells are not all reserved for it"})
     return out
 
 
@@ -553,6 +663,7 @@ def _schedule(m: SchedulerStateMachine, cmd: dict[str, Any], phase: str) -> dict
             m.next_seq += 1
             g = a.group
             g.slots = [None] * len(g.pods)
+            scheduled += cancelled_entries(a.cancelled, g.name)
             ref = _take_slot(m, g, _free_slot(g, k), uid, namespace, name, BINDING)
             view = m._group_view(g)
             return {"ok": True, **pod_view(m, ref), "group_placed": True, "vc": g.req.vc, "priority": g.priority,
@@ -564,35 +675,22 @@ def _schedule(m: SchedulerStateMachine, cmd: dict[str, Any], phase: str) -> dict
                     "reason": _victims_reason(victims), "scheduled": scheduled}
         return {"ok": False, "waiting": True, "group": req.name, "victims": [], "reason": a.reason,
                 "scheduled": scheduled}
-    a = m._attempt(req, seq, known, mode="dry")
+    # Preempt phase: a placement with victims makes G Preempting at once (its victims
+    # Being preempted, the rest of its plan reserved; lower-priority preemptions it
+    # overlaps cancelled first), one without changes nothing.
+    a = m._attempt(req, seq, known, mode="reserve")
     if a.placeable:
         return {"ok": True, "preempting": False, "group": req.name, "victims": [], "scheduled": scheduled,
                 "reason": "the pod can be placed without preemption: the next filter places it"}
-    if not a.blocked:
+    if a.preemptor is None:
         return {"ok": False, "waiting": True, "group": req.name, "victims": [], "reason": a.reason,
                 "scheduled": scheduled}
-    others: list[Preemptor] = []
-    for v in a.preempted:
-        by = m.groups[v].preempted_by
-        if by is not None and m.preemptors[by] not in others:
-            others.append(m.preemptors[by])
-    for o in others:
-        if o.req.priority >= req.priority:
-            return {"ok": False, "waiting": True, "group": req.name, "victims": [], "scheduled": scheduled,
-                    "reason": f"the cells it needs are being preempted by affinity group {o.name} "
-                              f"(priority {o.req.priority})"}
-    for o in sorted(others, key=lambda o: o.seq):
-        cancel_preemption(m, o)
-        scheduled.append({"group": o.name, "preemption_cancelled":
-                          f"further preempted by a higher-priority affinity group {req.name}"})
+    scheduled += cancelled_entries(a.cancelled, req.name)
     m.next_seq += 1
-    p = Preemptor(req.name, seq, req, list(a.preempted), a.plan or [])
-    m.preemptors[p.name] = p
+    p = a.preemptor
     ref = PodRef(uid, namespace, name, p.name, -1, PREEMPTING)
     p.pods.append(ref)
     m.pod_refs[uid] = ref
-    for v in p.victims:
-        m.groups[v].preempted_by = p.name
     victims = victims_view(m, p.victims)
     t = Touched()
     gone = []
@@ -605,7 +703,9 @@ def _schedule(m: SchedulerStateMachine, cmd: dict[str, Any], phase: str) -> dict
     if gone:
         scheduled += m._retry_pending()
     return {"ok": True, "preempting": p.name in m.preemptors, "group": p.name,
-            "victims": [v for v in victims if v["group"] not in gone], "preempted": gone, "scheduled": scheduled}
+            "victims": [v for v in victims if v["group"] not in gone], "preempted": gone,
+            "lazy_preempted": a.lazy_preempted, "reserved_leaf_cells": p.reserved_leaves() if p.name in m.preemptors else 0,
+            "scheduled": scheduled}
 
 
 def _victims_reason(victims: list[dict[str, Any]]) -> str:
@@ -654,10 +754,11 @@ def cmd_pod_delete(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, A
         p.pods.remove(ref)
         del m.pod_refs[uid]
         cancelled = not p.pods
+        freed = cancelled and p.reserved_leaves() > 0
         if cancelled:
             cancel_preemption(m, p)
         return {"ok": True, "pod": uid, "group": p.name, "state": PREEMPTING, "deleted": True, "released": False,
-                "preemption_cancelled": cancelled, "scheduled": []}
+                "preemption_cancelled": cancelled, "scheduled": m._retry_pending() if freed else []}
     g = m.groups[ref.group]
     assert g.slots is not None
     g.slots[ref.slot] = None
@@ -717,6 +818,7 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
                                f"{kk} leaf cells; the affinity group has {want.get(kk, 0)}")
     cl = m.cluster
     seen: set[tuple[str, int]] = set()
+    overwritten: dict[str, Preemptor] = {}  # Preempting groups whose reserved cells the pod runs on
     rows: list[tuple[int, list[tuple[str, int, str | None]], list[PCell | None]]] = []
     used: dict[int, int] = {}
     slot = -1
@@ -732,7 +834,10 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
             seen.add((d[0], d[1]))
             p = cl.leaf_by_device.get((d[0], d[1]))
             if p is not None and p.user is not None:
-                raise CommandError(f"device {d[0]}/{d[1]} is already used by affinity group {p.user.name}")
+                if p.user.reserving is not None:
+                    overwritten[p.user.name] = p.user.reserving
+                else:
+                        raise CommandError(f"device {d[0]}/{d[1]} is already used by affinity group {p.user.name}")
             pleaves.append(p)
         if slot < 0 and kk == k and [(d[0], d[1]) for d in devices] == mine:
             slot = i
@@ -740,6 +845,11 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
     if slot < 0:
         raise CommandError(f"Pod placement not found in bind_info.affinityGroupBindInfo: node {node}, "
                            f"leaf cells {leaves}")
+    # A running pod outranks a reservation (HiveD's cell e8 (i): a Reserved cell now
+    # used by an Allocated group; its Preempting group is cancelled, AG e5).
+    cancelled = sorted(overwritten.values(), key=lambda p: p.seq)
+    for pre in cancelled:
+        cancel_preemption(m, pre)
     chain = info["chain"]
     if chain not in cl.chains:
         found = next((p for _, _, pl in rows for p in pl if p is not None), None)
@@ -783,7 +893,10 @@ def cmd_add_allocated_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict
     ignored = sum(1 for pod in g.pods for p in pod.pleaves if p is None)
     return {"ok": True, **pod_view(m, ref), "group_placed": True, "again": False, "vc": g.req.vc,
             "priority": g.priority, "chain": g.chain, "placement": m._group_view(g)["placement"],
-            "lazy_preempted": lazy, "ignored_leaf_cells": ignored}
+            "lazy_preempted": lazy, "ignored_leaf_cells": ignored,
+            "scheduled": [{"group": pre.name, "preemption_cancelled": f"its reserved cells are used by running pod "
+                                                                     f"{uid} of affinity group {g.name}"}
+                          for pre in cancelled]}
 
 
 def cmd_pod_status(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -920,7 +1033,11 @@ def snapshot_machine(m: SchedulerStateMachine, state: dict[str, Any]) -> None:
     if m.preemptors:
         state["preemptors"] = [
             {"name": p.name, "seq": p.seq, "spec": p.req.to_record(), "victims": list(p.victims),
-             "pods": [[r.uid, r.namespace, r.name] for r in p.pods], "plan": [[list(d) for d in row] for row in p.plan]}
+             "pods": [[r.uid, r.namespace, r.name] for r in p.pods], "plan": [[list(d) for d in row] for row in p.plan],
+             "vplan": [[v.id for v in row] for row in p.vplan],
+             # per device: 2 both leaves reserved, 1 the virtual leaf only, 0 none (a victim's)
+             "reserved": [[2 if c is not None else 1 if v is not None else 0 for c, v in zip(pod.pleaves, pod.vleaves)]
+                          for pod in p.hold.pods]}
             for p in sorted(m.preemptors.values(), key=lambda p: p.seq)
         ]
 
@@ -939,10 +1056,31 @@ def load_group(m: SchedulerStateMachine, g: Group, rec: dict[str, Any]) -> None:
     g.preempted_by = rec.get("preempted_by")
 
 
-def load_machine(m: SchedulerStateMachine, state: dict[str, Any]) -> None:
+def load_machine(m: SchedulerStateMachine, state: dict[str, Any], t: Touched) -> None:
+    cl = m.cluster
     for rec in state.get("preemptors") or ():
-        p = Preemptor(rec["name"], rec["seq"], request_from_record(rec["spec"]), list(rec["victims"]),
-                      [[(d[0], d[1]) for d in row] for row in rec["plan"]])
+        req = request_from_record(rec["spec"])
+        vplan = [[cl.vcells[i] for i in row] for row in rec["vplan"]]
+        plan = [[(d[0], d[1]) for d in row] for row in rec["plan"]]
+        hold = Group(req, rec["seq"], vplan[0][0].scope.chain.info.name)
+        p = Preemptor(rec["name"], rec["seq"], req, list(rec["victims"]), plan, vplan, hold)
+        hold.reserving = p
+        for k, vrow, prow, marks in zip(req.pods, vplan, plan, rec["reserved"]):
+            pod = Pod(k, [(d[0], d[1], v.root.ctype) for v, d in zip(vrow, prow)], [None] * len(vrow),
+                      [None] * len(vrow))
+            hold.pods.append(pod)
+            for j, (v, d, mark) in enumerate(zip(vrow, prow, marks)):
+                c = cl.leaf_by_device[d]
+                if mark == 2:
+                    if c.user is not None:
+                        raise ValueError(f"snapshot inconsistent: reserved leaf {c.addr} is used")
+                    cl.bind(v, c)
+                    cl.use_leaf(hold, c, req.priority, v, t)
+                    pod.pleaves[j] = c
+                    pod.vleaves[j] = v
+                elif mark == 1:
+                    cl.use_virtual(hold, v, c, req.priority, t)
+                    pod.vleaves[j] = v
         for uid, namespace, name in rec["pods"]:
             ref = PodRef(uid, namespace, name, p.name, -1, PREEMPTING)
             p.pods.append(ref)

@@ -5,15 +5,21 @@ with ``-m shared``.
 A Hypothesis ``RuleBasedStateMachine`` allocates (guaranteed, opportunistic, pinned,
 lazy, any size), releases (whole groups and single pods), marks nodes bad and healthy,
 reconfigures between the config and two variants (quota moved between VCs; a node
-removed), grants and expires leases, and round-trips snapshots. After every step:
+removed), grants and expires leases, and round-trips snapshots. At the pod level
+(issue 10, preemption over time) it places gangs pod by pod (so victims have live
+pods), preempts them in HiveD's preempt phase (the preemptor becomes Preempting, the
+free cells of its plan reserved for it) and deletes pods (a victim's last pod places
+its preemptor on its plan; a preemptor's last pod cancels it). After every step:
 
 - ``scheduler_state.invariants.check`` finds nothing;
 - a reference model (plain bookkeeping of names, priorities and quotas) agrees with the
   machine: the allocated and waiting groups are exactly those the results announced (no
   silent preemption), every victim was legal (opportunistic, or a lower priority in the
-  preemptor's VC; lazy victims had asked for it), and **VC safety** held: a guaranteed
-  group of 1-leaf pods that fits what its VC's quota leaves at its priority is always
-  placed when no node is bad, whatever the other VCs did;
+  preemptor's VC; lazy victims had asked for it), the Preempting groups are those the
+  results announced, and **VC safety** held: a guaranteed group of 1-leaf pods that
+  fits what its VC's quota leaves at its priority (minus cells reserved for, or being
+  preempted by, Preempting groups of that priority or above) is always placed when no
+  node is bad, whatever the other VCs did;
 - at the end the whole command sequence is replayed on a fresh machine: every result
   and the final snapshot bytes must be identical (determinism).
 """
@@ -132,6 +138,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
             self.log: list[tuple[dict[str, Any], dict[str, Any]]] = []
             self.allocated: set[str] = set()
             self.pending: list[str] = []
+            self.preempting: set[str] = set()
             self.count = 0
             self.now_ms = 0
 
@@ -154,12 +161,36 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 # Rejected, or answered "waiting" without queueing (a failed attempt, maybe
                 # after trying and reverting lazy preemptions): nothing may have changed.
                 assert self.m.snapshot() == before, f"{cmd} -> {r} changed the state"
-            if cmd["op"] == "allocate" and r.get("ok"):
+            if r.get("reserved_leaf_cells"):
+                event("pod_preempt: cells reserved")
+            if r.get("preempting"):
+                event("pod_preempt: Preempting")
+            if cmd["op"] in ("allocate", "pod_schedule") and r.get("ok") and r.get("preempted") is not None:
                 # placed first; a waiting group of higher priority retried by the same
                 # command may then preempt it (listed under ``scheduled``)
                 self._victims(r["preempted"])
-                self.allocated.add(r["group"])
+                if cmd["op"] == "allocate" or r.get("group_placed"):
+                    self.allocated.add(r["group"])
+            if cmd["op"] == "pod_preempt" and r.get("ok"):
+                self._victims(r.get("preempted") or [])
+                if r.get("preempting"):
+                    self.preempting.add(r["group"])
+            if cmd["op"] == "pod_delete" and r.get("ok"):
+                if r.get("released"):
+                    self.allocated.discard(r["group"])
+                if r.get("preemption_cancelled"):
+                    event("preemption cancelled")
+                    self.preempting.discard(r["group"])
             for s in r.get("scheduled", []):
+                if "preemption_cancelled" in s:
+                    event("preemption cancelled")
+                    self.preempting.discard(s["group"])
+                    continue
+                if s.get("preemption_completed"):
+                    event("preemptor placed on its plan")
+                    self.preempting.discard(s["group"])
+                    self.allocated.add(s["group"])
+                    continue
                 self.pending.remove(s["group"])
                 if "dropped" not in s:
                     self.allocated.add(s["group"])
@@ -174,6 +205,18 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
         def name(self) -> str:
             self.count += 1
             return f"g{self.count}"
+
+        def _group(self, name: str, where: Target, prio: int, pods: int, k: int) -> dict[str, Any]:
+            """A group spec of ``pods`` x ``k`` leaf cells at ``where``."""
+            vc, leaf_type, pinned = where
+            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio,
+                                     "affinityGroup": {"name": name,
+                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
+            if leaf_type:
+                group["leafCellType"] = leaf_type
+            if pinned:
+                group["pinnedCellId"] = pinned
+            return group
 
         def _before(self) -> dict[str, tuple[str, int, bool, bool]]:
             return {g.name: (g.req.vc, g.priority, g.opportunistic, g.req.lazy_preemption)
@@ -191,12 +234,15 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                 scopes = [scope] if scope is not None else []
             else:
                 scopes = [s for s in cl.vc_scopes[vc].values() if leaf_type is None or s.chain.info.leaf_type == leaf_type]
+            strong = [p for p in self.m.preemptors.values() if p.req.priority >= prio]
             for s in scopes:
                 held = 0
                 for g in self.m.vc_groups[vc].values():
-                    if g.opportunistic or g.priority < prio:
+                    if g.opportunistic or (g.priority < prio and not any(g.name in p.victims for p in strong)):
                         continue
                     held += sum(1 for pod in g.pods for v in (pod.vleaves or []) if v is not None and v.scope is s)
+                for p in strong:  # cells reserved at that priority or above (virtual leaves)
+                    held += sum(1 for pod in p.hold.pods for v in pod.vleaves if v is not None and v.scope is s)
                 if s.leaves - held >= len(pods):
                     return True
             return False
@@ -221,13 +267,8 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
                                 lazy: bool, wait: bool) -> None:
             vc, leaf_type, pinned = where
             name = self.name()
-            group: dict[str, Any] = {"virtualCluster": vc, "priority": prio, "lazyPreemptionEnable": lazy,
-                                     "affinityGroup": {"name": name,
-                                                       "members": [{"podNumber": pods, "leafCellNumber": k}]}}
-            if leaf_type:
-                group["leafCellType"] = leaf_type
-            if pinned:
-                group["pinnedCellId"] = pinned
+            group = self._group(name, where, prio, pods, k)
+            group["lazyPreemptionEnable"] = lazy
             must = self._must_place(vc, leaf_type, pinned, prio, [k] * pods)
             before = self._before()
             r = self.run({"op": "allocate", "group": group, "wait": wait})
@@ -302,21 +343,29 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
             elif r.get("queued"):
                 self.pending.append(name)
 
-        @precondition(lambda self: self.allocated or self.pending)
+        @precondition(lambda self: self.allocated or self.pending or self.preempting)
         @rule(data=st.data())
         def release(self, data: st.DataObject) -> None:
-            name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending))
+            name = data.draw(st.sampled_from(sorted(self.allocated) + self.pending + sorted(self.preempting)))
             r = self.run({"op": "release", "group": name})
             assert r["ok"], r
             if name in self.pending:
                 self.pending.remove(name)
+            elif name in self.preempting:
+                event("preemption cancelled")
+                self.preempting.discard(name)  # cancelled: its reserved cells are free again
             else:
                 self.allocated.discard(name)
 
-        @precondition(lambda self: self.allocated)
+        def _pod_free(self) -> list[str]:
+            """Groups whose pod slots hold no Kubernetes pod (a partial release of a held
+            slot is refused: the pod ends with pod_delete)."""
+            return sorted(n for n in self.allocated if not any(self.m.groups[n].slots or ()))
+
+        @precondition(lambda self: self._pod_free())
         @rule(data=st.data())
         def release_pods(self, data: st.DataObject) -> None:
-            name = data.draw(st.sampled_from(sorted(self.allocated)))
+            name = data.draw(st.sampled_from(self._pod_free()))
             n = len(self.m.groups[name].pods)
             pods = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n))
             r = self.run({"op": "release", "group": name, "pods": pods})
@@ -340,15 +389,80 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
             for node in nodes:
                 self.set_node_health(node, healthy)
 
+        # -- pod level: gangs placed pod by pod, HiveD's preempt phase, pod deletion -----------
+
+        def _pod_spec(self, name: str, where: Target, prio: int, pods: int, k: int) -> dict[str, Any]:
+            return {**self._group(name, where, prio, pods, k), "leafCellNumber": k}
+
+        @rule(where=st.sampled_from(profile.contended), prio=st.integers(0, 2), pods=st.integers(1, 3),
+              k=st.sampled_from([1, 2, 4]))
+        def place_pods(self, where: Target, prio: int, pods: int, k: int) -> None:
+            """A gang scheduled pod by pod (filter, bind): a victim with live pods."""
+            name = self.name()
+            spec = self._pod_spec(name, where, prio, pods, k)
+            for i in range(pods):
+                uid = f"{name}-{i}"
+                r = self.run({"op": "pod_schedule", "pod": {"uid": uid, "namespace": "ns", "name": uid},
+                              "spec": spec})
+                if not r["ok"]:
+                    assert i == 0 and (r.get("waiting") or r.get("error")), r
+                    return
+                assert self.run({"op": "pod_bind", "pod": {"uid": uid}, "node": r["node"]})["ok"]
+
+        @rule(where=st.sampled_from(profile.contended), prio=st.integers(1, 4), pods=st.integers(1, 2),
+              k=st.sampled_from([1, 2, 4, 8]))
+        def preempt_pods(self, where: Target, prio: int, pods: int, k: int, nodes: list[str] | None = None) -> None:
+            """HiveD's preempt phase for the first pod of a new gang: Preempting (its
+            victims Being preempted, the free cells of its plan reserved), placeable
+            without victims, or waiting; lower-priority preemptions it overlaps are
+            cancelled."""
+            name = self.name()
+            spec = self._pod_spec(name, where, prio, pods, k)
+            cmd: dict[str, Any] = {"op": "pod_preempt", "pod": {"uid": f"{name}-0", "namespace": "ns",
+                                                               "name": f"{name}-0"}, "spec": spec}
+            if nodes is not None:
+                spec["ignoreK8sSuggestedNodes"] = False
+                cmd["suggestedNodes"] = nodes
+            before = self._before()
+            r = self.run(cmd)
+            if r["ok"] and (r.get("preempting") or r.get("preempted")):
+                for v in [x["group"] for x in r["victims"]] + r["preempted"]:
+                    vvc, vprio, vopp, _ = before[v]
+                    assert vopp or (vvc == where[0] and vprio < prio), (v, before[v], r)
+
+        @rule(where=st.sampled_from(profile.contended), prio=st.integers(1, 4))
+        def preemption_over_time(self, where: Target, prio: int) -> None:
+            """A victim with a live pod, then a preemptor of its whole node (suggested
+            nodes: that node): it stays Preempting, the node's free cells reserved."""
+            self.place_pods(where, 0, 1, 1)
+            cmd, r = self.log[-1]
+            if cmd["op"] != "pod_bind" or not r["ok"]:
+                return
+            leaf = self.m.cluster.leaf_by_device[(r["node"], r["leaf_cells"][0])]
+            node = leaf
+            while not node.nodeish:
+                node = node.parent
+            self.preempt_pods(where, prio, 1, node.leaves, [r["node"]])
+
+        @precondition(lambda self: self.m.pod_refs)
+        @rule(data=st.data())
+        def delete_pod(self, data: st.DataObject) -> None:
+            uid = data.draw(st.sampled_from(sorted(self.m.pod_refs)))
+            r = self.run({"op": "pod_delete", "pod": {"uid": uid}})
+            assert r["ok"], r
+
         @rule(variant=st.integers(0, len(profile.variants) - 1))
         def reconfigure(self, variant: int) -> None:
             r = self.run({"op": "reconfigure", "config": P.variants[variant]})
             assert r["ok"], r
+            self.preempting.clear()  # volatile in HiveD: reconfiguration cancels them
             for d in r["dropped"]:
                 if d["group"] in self.pending:
                     self.pending.remove(d["group"])
+            preempted = {v for x in r["scheduled"] for v in x.get("preempted", ())}
             for name in r["lazy_preempted"]:
-                assert self.m.groups[name].opportunistic
+                # demoted, then maybe preempted by a waiting group the same command placed
+                assert self.m.groups[name].opportunistic if name in self.m.groups else name in preempted
 
         @precondition(lambda self: self.allocated or self.pending)
         @rule(data=st.data(), ttl=st.integers(1, 50))
@@ -385,6 +499,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
             groups = self.m.apply({"op": "list_groups"})
             assert set(groups["allocated"]) == self.allocated
             assert groups["pending"] == self.pending
+            assert set(self.m.preemptors) == self.preempting
 
         def teardown(self) -> None:
             replay = SchedulerStateMachine(P.base)
