@@ -178,8 +178,9 @@ class EtcdCluster(ProcGroup):
 
 PYSYNCOBJ_DURABILITY = {
     "fsync": "PySyncObj {v}: Raft log in its file journal (written through mmap), fdatasync'ed before any Raft "
-             "message leaves a replica (a shim in bench/pysyncobj_server.py: PySyncObj itself never syncs), so an "
-             "acknowledged put is on the disk of a majority",
+             "message leaves a replica, meta and dump fsync'ed before their renames (a shim in "
+             "bench/pysyncobj_server.py: PySyncObj itself never syncs), so an acknowledged put is on the disk of a "
+             "majority",
     "journal": "PySyncObj {v}: Raft log in its file journal written through mmap, never msync'ed or fsync'ed "
                "(PySyncObj as shipped; 0.3.x has no flushJournal option): an acknowledged put is in the page "
                "cache of a majority, lost on a power loss",
@@ -575,7 +576,7 @@ class Bench:
             now = time.monotonic()
             rate = (res.ops - last[0]) / max(1e-6, now - last[1])
             last[0], last[1] = res.ops, now
-            self.live(f"  {target:<13} t={now - t0:4.1f}s  ops {res.ops:>8}  now {rate:>7.0f} ops/s  "
+            self.live(f"  {target:<16} t={now - t0:4.1f}s  ops {res.ops:>8}  now {rate:>7.0f} ops/s  "
                       f"errors {res.errors}")
 
         if target == "cellar-binary":
@@ -625,7 +626,7 @@ class Bench:
             for target in order:
                 m = await self.measure(target, r)
                 runs[target].append(m)
-                self.say(f"{label}round {r + 1} {target:<13} {m['ops_per_s']:>8.0f} ops/s  p50 {_ms(m['p50_ms'])}  "
+                self.say(f"{label}round {r + 1} {target:<16} {m['ops_per_s']:>8.0f} ops/s  p50 {_ms(m['p50_ms'])}  "
                          f"p99 {_ms(m['p99_ms'])}  errors {m['errors']}  client CPU {m['client_cpu_pct']:.0f} %")
         median = {}
         for t, ms in runs.items():
@@ -765,23 +766,36 @@ def run(targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: 
             shutil.rmtree(root, ignore_errors=True)
 
 
+def load_options(targets: tuple[str, ...], warmup: float, rounds: int) -> Callable:
+    """``--targets --seconds --warmup --rounds --value-bytes --fsync --etcd --keep``, as
+    ``cellar bench kv-http`` and ``cellar bench peers`` take them."""
+    def deco(f: Callable) -> Callable:
+        for opt in reversed([
+            click.option("--targets", default=",".join(targets), show_default=True,
+                         help=f"Which of {', '.join(TARGETS)} to measure, comma-separated."),
+            click.option("--seconds", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
+                         help="Measured seconds per target and round (and client count)."),
+            click.option("--warmup", type=click.FloatRange(0, 60), default=warmup, show_default=True,
+                         help="Unmeasured load before each measurement."),
+            click.option("--rounds", type=click.IntRange(1, 20), default=rounds, show_default=True),
+            click.option("--value-bytes", type=click.IntRange(8, 1 << 16), default=16, show_default=True),
+            click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch",
+                         show_default=True,
+                         help="Cellar's WAL fsync policy (etcd always syncs its WAL before acknowledging)."),
+            click.option("--etcd", "etcd", default="etcd", show_default=True, metavar="PATH", help="The etcd binary."),
+            click.option("--keep", is_flag=True, help="Keep the data dirs and logs."),
+        ]):
+            f = opt(f)
+        return f
+    return deco
+
+
 @click.command("kv-http")
-@click.option("--targets", default=",".join(KV_HTTP_DEFAULT), show_default=True,
-              help=f"Which of {', '.join(TARGETS)} to measure, comma-separated.")
+@load_options(KV_HTTP_DEFAULT, warmup=1.0, rounds=2)
 @click.option("--sessions", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="Concurrent closed-loop HTTP sessions (cellar-http and etcd-http).")
 @click.option("--binary-sessions", type=click.IntRange(1, 100_000), default=256, show_default=True,
               help="Sessions of the binary client (cellar bench's default).")
-@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
-              help="Measured seconds per target and round.")
-@click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True,
-              help="Unmeasured load before each measurement.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True)
-@click.option("--value-bytes", type=click.IntRange(8, 1 << 16), default=16, show_default=True)
-@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True,
-              help="Cellar's WAL fsync policy (etcd always syncs its WAL before acknowledging).")
-@click.option("--etcd", "etcd", default="etcd", show_default=True, metavar="PATH", help="The etcd binary.")
-@click.option("--keep", is_flag=True, help="Keep the data dirs and logs.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only (progress on stderr).")
 def kv_http(targets, sessions, binary_sessions, seconds, warmup, rounds, value_bytes, fsync, etcd, keep, quiet,

@@ -125,16 +125,12 @@ def format_table(result: dict) -> str:
     lines += kh.durability_lines(result["durability"])
     if result.get("pysyncobj_conf"):
         lines.append(f"PySyncObj settings: {result['pysyncobj_conf']}")
-    goals = [f"{k} >= {g:g}x: " + ", ".join(f"{p['clients']} clients {_x(p['ratios'].get(k))}"
+    goals = [f"{k} >= {g:g}x: " + ", ".join(f"{p['clients']} clients {p['ratios'].get(k) or '-'}x"
                                           for p in result["points"]) for k, g in GOALS.items()
              if any(k in p["ratios"] for p in result["points"])]
     if goals:
         lines.append("goals (issue 15): " + "; ".join(goals))
     return "\n".join(lines)
-
-
-def _x(v: float | None) -> str:
-    return f"{v:.2f}x" if v is not None else "-"
 
 
 def summary_md(result: dict) -> str:
@@ -186,18 +182,9 @@ def plot(result: dict, path: str) -> None:
 
 
 @click.command("peers")
-@click.option("--targets", default=",".join(DEFAULT_TARGETS), show_default=True,
-              help=f"Which of {', '.join(kh.TARGETS)} to measure, comma-separated.")
+@kh.load_options(DEFAULT_TARGETS, warmup=2.0, rounds=3)
 @click.option("--clients", default="32,128", show_default=True,
               help="Closed-loop client counts, comma-separated (each target gets the same count).")
-@click.option("--seconds", type=click.FloatRange(0.5, 600), default=10.0, show_default=True,
-              help="Measured seconds per target, round and client count.")
-@click.option("--warmup", type=click.FloatRange(0, 60), default=2.0, show_default=True,
-              help="Unmeasured load before each measurement.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True)
-@click.option("--value-bytes", type=click.IntRange(8, 1 << 16), default=16, show_default=True)
-@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True,
-              help="Cellar's WAL fsync policy (etcd always syncs its WAL before acknowledging).")
 @click.option("--pysyncobj-batch/--pysyncobj-no-batch", default=kh.PYSYNCOBJ_SETTINGS["batch"], show_default=True,
               help="PySyncObj's appendEntriesUseBatch.")
 @click.option("--pysyncobj-append-period", type=click.FloatRange(0.001, 0.1),
@@ -207,10 +194,8 @@ def plot(result: dict, path: str) -> None:
               default=kh.PYSYNCOBJ_SETTINGS["tick_period"], show_default=True,
               help="PySyncObj's autoTickPeriod in s (its own default 0.05): how long its thread may wait in poll "
                    "before it looks at queued commands and sends batched AppendEntries.")
-@click.option("--etcd", "etcd", default="etcd", show_default=True, metavar="PATH", help="The etcd binary.")
 @click.option("--out", type=click.Path(file_okay=False), default=os.path.join("bench", "results"), show_default=True,
               help="Results go to OUT/peers-<UTC timestamp>/.")
-@click.option("--keep", is_flag=True, help="Keep the data dirs and logs.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only.")
 def peers(targets: str, clients: str, seconds: float, warmup: float, rounds: int, value_bytes: int, fsync: str,

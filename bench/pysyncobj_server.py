@@ -26,8 +26,8 @@ upstream pull request proposed one). So:
 - ``--durability fsync`` (default): the same journal, and before any Raft message leaves this
   replica (an AppendEntries from the leader, a follower's acknowledgement of entries) the
   journal file is fdatasync'ed (the pages written through the mapping reach the disk, as
-  with msync ``MS_SYNC``) if it changed since the last sync; the meta file is fsync'ed
-  before its rename. A leader only counts a follower that acknowledged
+  with msync ``MS_SYNC``) if it changed since the last sync; the meta file and the full
+  dump are fsync'ed before their renames. A leader only counts a follower that acknowledged
   after its own sync, and only sends entries after syncing them, so an acknowledged put is
   on the disk of a majority: Raft's rule, group-committed (one sync per message, not per
   entry). This is a shim of ours around PySyncObj, not a PySyncObj option.
@@ -50,8 +50,9 @@ import time
 
 def _install_durable_journal() -> None:
     """Make ``SyncObj`` create journals that know whether they changed since their last
-    sync, and fsync the meta file before renaming it."""
+    sync, and fsync the meta file and the full dump before renaming them."""
     import pysyncobj.journal as journal
+    import pysyncobj.serializer as serializer
     import pysyncobj.syncobj as syncobj
 
     class SyncedJournal(journal.FileJournal):
@@ -84,17 +85,32 @@ def _install_durable_journal() -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
+        fsync_dir(path)
+
+    def create(journalFile=None):  # noqa: N803
+        return journal.MemoryJournal() if journalFile is None else SyncedJournal(journalFile)
+
+    def durable_replace(tmp: str, path: str) -> None:
+        """The full dump (log compaction, in a forked child) on disk before it replaces the
+        old one: the journal drops the entries it covers right after."""
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path)
+
+    def fsync_dir(path: str) -> None:
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def create(journalFile=None):  # noqa: N803
-        return journal.MemoryJournal() if journalFile is None else SyncedJournal(journalFile)
-
     journal.MetaStorer.storeMeta = store_meta
     syncobj.createJournal = create
+    serializer.atomicReplace = durable_replace
 
 
 def _durable_transport():  # -> type
