@@ -130,9 +130,16 @@ class ProcGroup:
                 raise BenchError(f"{self.name} member {i} exited with status {p.returncode}: "
                                  f"{self.log_tail(i) or 'nothing logged'}")
 
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (True) or SIGCONT (False) every member still running."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop_all(self, timeout_s: float = 10.0) -> None:
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
+            p.send_signal(signal.SIGCONT)  # a paused member cannot act on SIGTERM
             p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for p in live:
@@ -592,15 +599,45 @@ class Bench:
         return await http_put_load(self._urls(target), sessions=self.sessions, seconds=seconds,
                                    value_bytes=self.value_bytes, prefix=f"bench{seed}", on_progress=tick)
 
+    async def only_pysyncobj(self, target: str) -> None:
+        """PySyncObj's ticking thread wakes every autoTickPeriod even when idle (2 ms: about
+        13 % of a core per 3-replica cluster here), so the PySyncObj clusters not measured
+        now are paused (SIGSTOP) and the one measured resumed, then ready again (a leader,
+        a put acknowledged through each replica) before its warm-up."""
+        for t, group in self.pysyncobj.items():
+            group.pause(t != target)
+        if target in self.pysyncobj:
+            await self.pysyncobj[target].ready()
+
+    async def cellar_views(self) -> list[dict]:
+        """Each Cellar replica's view, sequencer, phase and longest event-loop pause so far
+        (status without the digest; ``error`` for one that does not answer within 2 s)."""
+        from store.client import CellarClient
+
+        async with CellarClient(self.cellar.client_addresses, timeout_s=2.0) as admin:
+            sts = await admin.statuses(digest=False)
+        return [{"error": st["error"]} if "error" in st else
+                {"view": st.get("view"), "sequencer": st.get("sequencer", st.get("leader")), "phase": st.get("phase"),
+                 "loop_lag_max_ms": (st.get("loop") or {}).get("lag_max_ms")} for st in sts]
+
     async def measure(self, target: str, round_: int) -> dict:
+        await self.only_pysyncobj(target)
         if self.warmup:
             await self._load(target, self.warmup, 1000 + round_, False)
         pids = self._server_pids(target)
+        before = await self.cellar_views() if target.startswith("cellar") else None
         cpu0, self0 = _cpu_s(pids), _self_cpu_s()
         res = await self._load(target, self.seconds, round_ + 1, True)
         cpu1, self1 = _cpu_s(pids), _self_cpu_s()
         self.live("")
         ops = res.ops
+        extra = {}
+        if before is not None:
+            after = await self.cellar_views()
+            extra = {"cellar_before": before, "cellar_after": after}
+            if [v.get("view") for v in before] != [v.get("view") for v in after] or any("error" in v for v in after):
+                self.say(f"  {target}: Cellar's replicas changed view or did not answer during the measurement: "
+                         f"{before} -> {after}")
         return {
             "target": target,
             "round": round_ + 1,
@@ -613,6 +650,7 @@ class Bench:
             "seconds": round(res.seconds, 2),
             "client_cpu_pct": round(100 * (self1 - self0) / max(1e-6, res.seconds), 1),
             "server_cpu_ms_per_op": round(1000 * (cpu1 - cpu0) / ops, 3) if ops else None,
+            **extra,
         }
 
     async def measure_rounds(self, first_round: int = 0, label: str = "") -> dict:

@@ -21,7 +21,10 @@ to its own keys, one request at a time, spread over the three members:
   for reference.
 
 PySyncObj's settings (``--pysyncobj-*``, ``kv_http_bench.PYSYNCOBJ_SETTINGS`` says why):
-batched AppendEntries every 5 ms, its thread ticking at least every 2 ms.
+batched AppendEntries every 5 ms, its thread ticking at least every 2 ms. Idle, that ticking
+costs about 13 % of a core per cluster, so a PySyncObj cluster is paused (SIGSTOP) while
+the other targets are measured, and resumed and ready again (a put acknowledged through each
+replica) before its own warm-up; Cellar and etcd stay up between their measurements.
 
 The targets' order is reversed every other round (and the alternation goes on across client
 counts) so that drift in the machine's load hits all alike. Reported per client count:
@@ -82,7 +85,10 @@ async def run_peers(frame: pc.Frame, *, targets: tuple[str, ...], clients: list[
     result = pc.header("peers", targets=list(targets), clients=clients, seconds=seconds, warmup=warmup, rounds=rounds,
                        value_bytes=value_bytes, fsync=fsync, pysyncobj_settings=pysyncobj,
                        workload="closed loop, each client one put at a time of a value_bytes-byte value to its own "
-                                "keys (1,000 per client), clients spread over the 3 members")
+                                "keys (1,000 per client), clients spread over the 3 members",
+                       idle_clusters="Cellar and etcd stay up between their measurements; a PySyncObj cluster not "
+                                     "measured is paused (SIGSTOP: its idle ticking costs about 13 % of a core), "
+                                     "resumed and ready again (a put through each replica) before its warm-up")
     try:
         frame.say(f"data and logs in {root}")
         bench.start()
@@ -124,7 +130,8 @@ def format_table(result: dict) -> str:
     lines.append("")
     lines += kh.durability_lines(result["durability"])
     if result.get("pysyncobj_conf"):
-        lines.append(f"PySyncObj settings: {result['pysyncobj_conf']}")
+        lines.append(f"PySyncObj settings: {result['pysyncobj_conf']}. Between measurements: "
+                     f"{result['idle_clusters']}")
     goals = [f"{k} >= {g:g}x: " + ", ".join(f"{p['clients']} clients {p['ratios'].get(k) or '-'}x"
                                           for p in result["points"]) for k, g in GOALS.items()
              if any(k in p["ratios"] for p in result["points"])]

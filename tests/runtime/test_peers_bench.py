@@ -40,6 +40,8 @@ def test_peers_bench_cellar_binary_beside_pysyncobj(tmp_path):
     assert point["ratios"]["cellar-binary/pysyncobj"] > 0 and "cellar-binary/etcd-http" not in point["ratios"]
     assert set(result["durability"]) == {"cellar", "pysyncobj"}
     assert "fdatasync" in result["durability"]["pysyncobj"] and "batch" in result["durability"]["cellar"]
+    (cellar,) = point["runs"]["cellar-binary"]
+    assert [set(v) for v in cellar["cellar_after"]] == [{"view", "sequencer", "phase", "loop_lag_max_ms"}] * 3
     assert len(result["server_pids"]) == 6 and all(gone(pid) for pid in result["server_pids"])
     files = set(os.listdir(result["out_dir"]))
     assert {"results.json", "summary.md", "peers.png"} <= files, files
