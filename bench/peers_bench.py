@@ -121,9 +121,7 @@ def format_table(result: dict) -> str:
     lines = [f"peers: 3 replicas/members each on 127.0.0.1, {result['value_bytes']}-byte puts, closed loop, "
              f"{result['seconds']:g} s per target per round ({result['warmup']:g} s warm-up), median of "
              f"{result['rounds']} round(s), order alternating; head {result.get('head_commit')}, "
-             f"{result['cpus']} CPUs, "
-             f"load average {pc.load_text(result['load_average_before'])} before, "
-             f"{pc.load_text(result.get('load_average_after'))} after"]
+             f"{pc.machine_text(result)}"]
     for p in result["points"]:
         lines += ["", f"{p['clients']} client(s):", *kh.target_table(p["median"], result["targets"]),
                   *kh.ratio_lines(p["ratios"], p["per_round_ratios"])]
@@ -141,14 +139,12 @@ def format_table(result: dict) -> str:
 
 
 def summary_md(result: dict) -> str:
-    return "\n".join([
-        f"# peers: Cellar beside etcd and PySyncObj ({result['started_utc']})", "",
+    return pc.summary_doc(
+        f"peers: Cellar beside etcd and PySyncObj ({result['started_utc']})",
         "Write throughput and latency of Cellar (binary client and HTTP gateway), etcd's JSON gateway and "
         "PySyncObj at each client count, all in one run on one machine, the targets alternating order round by "
         "round; ratios per round and their medians. The durability of each system is stated below the tables. "
-        "See `results.json` and `peers.png`.", "",
-        "```", *format_table(result).splitlines(), "```", "",
-        f"Command: `{command_line(result)}`", ""])
+        "See `results.json` and `peers.png`.", format_table(result), command_line(result))
 
 
 def command_line(result: dict) -> str:
@@ -183,9 +179,7 @@ def plot(result: dict, path: str) -> None:
     lx.legend(fontsize=6, ncol=2)
     fig.suptitle(f"peers: Cellar fsync={result['fsync']}, etcd (WAL fsync), PySyncObj (pysyncobj: journal synced "
                  f"by our shim; -nosync: as shipped); load {pc.load_text(result['load_average_before'])}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pc.save_figure(fig, path)
 
 
 @click.command("peers")
