@@ -44,15 +44,15 @@ from typing import Any, Callable
 
 import click
 
+from bench.geo_bench import BenchError  # one class for every bench's one-line failure
 from store.loadgen import LoadResult
 
-TARGETS = ("cellar-http", "etcd-http", "cellar-binary")
+TARGETS = ("cellar-http", "etcd-http", "cellar-binary", "pysyncobj", "pysyncobj-nosync")
+# PySyncObj targets and the durability of their replicas (bench/pysyncobj_server.py --durability)
+PYSYNCOBJ_TARGETS = {"pysyncobj": "fsync", "pysyncobj-nosync": "journal"}
+KV_HTTP_DEFAULT = TARGETS[:3]
 REQUEST_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 30.0
-
-
-class BenchError(Exception):
-    """One line on stderr and a nonzero exit."""
 
 
 # --- etcd ------------------------------------------------------------------------------
@@ -75,19 +75,96 @@ def etcd_version(binary: str) -> str:
     return first.replace("etcd Version:", "etcd").strip()
 
 
-class EtcdCluster:
+_TAKEN: set[int] = set()  # ports handed to a server of this process
+
+
+def fresh_ports(count: int, tries: int = 50) -> list[int]:
+    """``store.server.free_ports``, none of them handed out here before: the kernel may hand
+    out a port again once its probe socket is closed, before the server it was meant for
+    binds it, and several clusters start here at once."""
+    from store.server import free_ports
+
+    for _ in range(tries):
+        ports = free_ports(count)
+        if not _TAKEN & set(ports):
+            _TAKEN.update(ports)
+            return ports
+    raise BenchError(f"no {count} fresh ports on 127.0.0.1 in {tries} tries")
+
+
+class ProcGroup:
+    """Server processes started here, one log file each under ``root``, stopped by PID
+    (SIGTERM, SIGKILL past the timeout). Subclasses give ``command(i)``."""
+
+    name = "server"
+    log_name = "member"
+
+    def __init__(self, root: str, members: int) -> None:
+        self.root = root
+        self.n = members
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def command(self, i: int) -> list[str]:
+        raise NotImplementedError
+
+    def log_path(self, i: int) -> str:
+        return os.path.join(self.root, f"{self.log_name}{i}.log")
+
+    def start_all(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        for i in range(self.n):
+            with open(self.log_path(i), "ab") as log:
+                self.procs[i] = subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def log_tail(self, i: int) -> str:
+        try:
+            with open(self.log_path(i), errors="replace") as f:
+                return " | ".join(f.read().strip().splitlines()[-3:])[-400:]
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        for i, p in self.procs.items():
+            if p.poll() is not None:
+                raise BenchError(f"{self.name} member {i} exited with status {p.returncode}: "
+                                 f"{self.log_tail(i) or 'nothing logged'}")
+
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (True) or SIGCONT (False) every member still running."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGCONT)  # a paused member cannot act on SIGTERM
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+
+class EtcdCluster(ProcGroup):
     """``members`` etcd processes on 127.0.0.1 (client and peer ports free now), data dirs
     under ``root``; stopped by PID."""
 
-    def __init__(self, binary: str, root: str, members: int = 3) -> None:
-        from store.server import free_ports
+    name = "etcd"
+    log_name = "etcd"
 
+    def __init__(self, binary: str, root: str, members: int = 3) -> None:
+        super().__init__(root, members)
         self.binary = binary
-        self.root = root
-        self.n = members
-        ports = free_ports(2 * members)
+        ports = fresh_ports(2 * members)
         self.client_ports, self.peer_ports = ports[:members], ports[members:]
-        self.procs: dict[int, subprocess.Popen] = {}
         self.token = f"cellar-bench-{os.getpid()}-{time.time_ns() & 0xFFFFFF:x}"
 
     @property
@@ -103,34 +180,112 @@ class EtcdCluster:
                 "--initial-cluster", cluster, "--initial-cluster-token", self.token,
                 "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn"]
 
-    def start_all(self) -> None:
-        os.makedirs(self.root, exist_ok=True)
-        for i in range(self.n):
-            with open(os.path.join(self.root, f"etcd{i}.log"), "ab") as log:
-                self.procs[i] = subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT,
-                                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def log_tail(self, i: int) -> str:
-        try:
-            with open(os.path.join(self.root, f"etcd{i}.log"), errors="replace") as f:
-                return " | ".join(f.read().strip().splitlines()[-3:])[-400:]
-        except OSError:
-            return ""
+# --- PySyncObj ---------------------------------------------------------------------------
 
-    def stop_all(self, timeout_s: float = 10.0) -> None:
-        live = [p for p in self.procs.values() if p.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGTERM)
+PYSYNCOBJ_DURABILITY = {
+    "fsync": "PySyncObj {v}: Raft log in its file journal (written through mmap), fdatasync'ed before any Raft "
+             "message leaves a replica, meta and dump fsync'ed before their renames (a shim in "
+             "bench/pysyncobj_server.py: PySyncObj itself never syncs), so an acknowledged put is on the disk of a "
+             "majority",
+    "journal": "PySyncObj {v}: Raft log in its file journal written through mmap, never msync'ed or fsync'ed "
+               "(PySyncObj as shipped; 0.3.x has no flushJournal option): an acknowledged put is in the page "
+               "cache of a majority, lost on a power loss",
+}
+
+
+# SyncObjConf settings of the PySyncObj targets (its defaults: batch on, 0.1 s, 0.05 s). With
+# batching (appendEntriesUseBatch) the leader sends AppendEntries every appendEntriesPeriod,
+# from its ticking thread, which wakes on a socket event or after autoTickPeriod; commands
+# queued by the endpoint's thread do not wake it. At the defaults a closed-loop put waits
+# 100-250 ms (smoke runs: about 140-450/s at 32 and 128 clients with the journal synced);
+# with 5 ms / 2 ms it waits a few ticks. Without batching every command sends its own
+# AppendEntries at once, which with a synced journal means one sync per command on the
+# ticking thread (slower still, 270-560/s). So: batching, 5 ms, 2 ms.
+PYSYNCOBJ_SETTINGS = {"batch": True, "append_period": 0.005, "tick_period": 0.002}
+
+
+def pysyncobj_version(python: str = sys.executable) -> str:
+    """The installed PySyncObj's version, as the servers' interpreter imports it; a
+    ``BenchError`` saying how to install it when it does not."""
+    try:
+        out = subprocess.run([python, "-c", "import pysyncobj.batteries, pysyncobj.version as v; print(v.VERSION)"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        out = None
+        why = str(e)
+    if out is None or out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["no error text"])[-1] if out is not None else why
+        raise BenchError(f"pysyncobj not found ({why}); install it (python3 -m pip install -e '.[bench]', or "
+                         "pip install pysyncobj) or leave the pysyncobj targets out")
+    return out.stdout.strip()
+
+
+def find_peers(targets: tuple[str, ...], etcd: str) -> tuple[str | None, str | None]:
+    """The etcd binary and PySyncObj's version for the targets that need them (None
+    otherwise); a ``BenchError`` naming what is missing ("not found": exit 2)."""
+    etcd_binary = find_etcd(etcd) if "etcd-http" in targets else None
+    return etcd_binary, pysyncobj_version() if set(PYSYNCOBJ_TARGETS) & set(targets) else None
+
+
+class PySyncObjCluster(ProcGroup):
+    """``members`` replicas of ``bench/pysyncobj_server.py`` on 127.0.0.1 (a Raft port and a
+    put endpoint each), journals under ``root``; stopped by PID."""
+
+    name = "pysyncobj"
+    log_name = "pysyncobj"
+
+    def __init__(self, root: str, members: int = 3, *, durability: str = "fsync",
+                 batch: bool = PYSYNCOBJ_SETTINGS["batch"], append_period: float = PYSYNCOBJ_SETTINGS["append_period"],
+                 tick_period: float = PYSYNCOBJ_SETTINGS["tick_period"]) -> None:
+        super().__init__(root, members)
+        ports = fresh_ports(2 * members)
+        self.raft_ports, self.client_ports = ports[:members], ports[members:]
+        self.durability = durability
+        self.batch = batch
+        self.append_period = append_period
+        self.tick_period = tick_period
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", p) for p in self.client_ports]
+
+    def command(self, i: int) -> list[str]:
+        raft = [f"127.0.0.1:{p}" for p in self.raft_ports]
+        return [sys.executable, "-m", "bench.pysyncobj_server", "--self", raft[i],
+                "--partners", ",".join(a for j, a in enumerate(raft) if j != i),
+                "--client", f"127.0.0.1:{self.client_ports[i]}", "--data-dir", os.path.join(self.root, f"node{i}"),
+                "--durability", self.durability, "--append-period", str(self.append_period),
+                "--tick-period", str(self.tick_period),
+                "--exit-with-parent", str(os.getpid()), *([] if self.batch else ["--no-batch"])]
+
+    def settings(self) -> str:
+        return (f"appendEntriesUseBatch={self.batch}, appendEntriesPeriod={self.append_period:g} s, "
+                f"autoTickPeriod={self.tick_period:g} s, "
+                "journalFile and fullDumpFile set, other SyncObjConf defaults")
+
+    async def ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until every replica knows the leader and a put through each is acknowledged; bounded."""
         deadline = time.monotonic() + timeout_s
-        for p in live:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs.values()]
+        last = ""
+        for i, addr in enumerate(self.addresses):
+            while True:
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise BenchError(f"pysyncobj not ready within {timeout_s:g} s (replica {i}: "
+                                     f"{last or 'no answer'}): {self.log_tail(i)}")
+                try:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(*addr), 2.0)
+                    try:
+                        writer.write(b"P warm up\n")
+                        last = (await asyncio.wait_for(reader.readline(), 2.0)).decode().strip()
+                    finally:
+                        writer.close()
+                except (OSError, asyncio.TimeoutError) as e:
+                    last = type(e).__name__
+                if last == "OK":
+                    break
+                await asyncio.sleep(0.1)
 
 
 # --- load ------------------------------------------------------------------------------
@@ -179,6 +334,55 @@ async def wait_http_ready(name: str, urls: list[str], health_path: str, procs: d
                 await asyncio.sleep(0.1)
 
 
+async def closed_loop(sessions: int, seconds: float, request: Callable[[int, int], Any],
+                      on_progress: Callable[[LoadResult], None] | None = None,
+                      cleanup: Callable[[], Any] | None = None) -> LoadResult:
+    """``sessions`` closed-loop sessions for ``seconds``: session ``idx`` awaits
+    ``request(idx, n)`` (True: acknowledged) for n = 0, 1, ... until the deadline, one at a
+    time; latencies of the acknowledged ones recorded. Bounded: each session stops at the
+    deadline, its last request at ``REQUEST_TIMEOUT_S``; ``cleanup`` (a coroutine
+    function) runs at the end whatever happens."""
+    result = LoadResult()
+    stop_at = time.monotonic() + seconds
+    lat = result.latencies_ms
+
+    async def one(idx: int) -> None:
+        n = 0
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                ok = await asyncio.wait_for(request(idx, n), REQUEST_TIMEOUT_S)
+            except (asyncio.TimeoutError, OSError, ConnectionError, EOFError):
+                ok = False
+            n += 1
+            if not ok:
+                result.errors += 1
+                await asyncio.sleep(0.01)  # an error answered at once must not spin
+                continue
+            lat.append((time.perf_counter() - t0) * 1000)
+            result.ops += 1
+
+    async def progress() -> None:
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(0.5)
+            on_progress(result)  # type: ignore[misc]
+
+    t_start = time.monotonic()
+    tasks = [asyncio.ensure_future(one(i)) for i in range(sessions)]
+    if on_progress is not None:
+        tasks.append(asyncio.ensure_future(progress()))
+    try:
+        await asyncio.wait(tasks, timeout=seconds + REQUEST_TIMEOUT_S + 5)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if cleanup is not None:
+            await cleanup()
+    result.seconds = time.monotonic() - t_start
+    return result
+
+
 async def http_put_load(urls: list[str], *, sessions: int, seconds: float, value_bytes: int = 16,
                         prefix: str = "b", on_progress: Callable[[LoadResult], None] | None = None) -> LoadResult:
     """``sessions`` closed-loop sessions putting ``value_bytes``-byte values through
@@ -186,54 +390,51 @@ async def http_put_load(urls: list[str], *, sessions: int, seconds: float, value
     and keys of its own (1,000 per session, as ``store.loadgen``)."""
     import aiohttp
 
-    result = LoadResult()
     pad = "x" * max(0, value_bytes - 8)
-    stop_at = time.monotonic() + seconds
-    lat = result.latencies_ms
     headers = {"Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=sessions + 8)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as http:
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=sessions + 8),
+                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
 
-        async def one(idx: int) -> None:
-            url = urls[idx % len(urls)] + "/v3/kv/put"
-            n = 0
-            while time.monotonic() < stop_at:
-                body = json.dumps({"key": _b64(f"{prefix}/s{idx}k{n % 1000}"),
-                                   "value": _b64(f"{n:08d}{pad}")}).encode()
-                n += 1
-                t0 = time.perf_counter()
-                try:
-                    async with http.post(url, data=body, headers=headers) as r:
-                        await r.read()
-                        ok = r.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    ok = False
-                if not ok:
-                    result.errors += 1
-                    await asyncio.sleep(0.01)  # an error answered at once must not spin
-                    continue
-                lat.append((time.perf_counter() - t0) * 1000)
-                result.ops += 1
-
-        async def progress() -> None:
-            while time.monotonic() < stop_at:
-                await asyncio.sleep(0.5)
-                on_progress(result)  # type: ignore[misc]
-
-        t_start = time.monotonic()
-        tasks = [asyncio.ensure_future(one(i)) for i in range(sessions)]
-        if on_progress is not None:
-            tasks.append(asyncio.ensure_future(progress()))
+    async def put(idx: int, n: int) -> bool:
+        body = json.dumps({"key": _b64(f"{prefix}/s{idx}k{n % 1000}"), "value": _b64(f"{n:08d}{pad}")}).encode()
         try:
-            # Each session stops at the deadline; its last request at the request timeout.
-            await asyncio.wait(tasks, timeout=seconds + REQUEST_TIMEOUT_S + 5)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        result.seconds = time.monotonic() - t_start
-    return result
+            async with http.post(urls[idx % len(urls)] + "/v3/kv/put", data=body, headers=headers) as r:
+                await r.read()
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    return await closed_loop(sessions, seconds, put, on_progress, http.close)
+
+
+async def line_put_load(addresses: list[tuple[str, int]], *, sessions: int, seconds: float, value_bytes: int = 16,
+                        prefix: str = "b", on_progress: Callable[[LoadResult], None] | None = None) -> LoadResult:
+    """The same load through ``bench/pysyncobj_server.py``'s line protocol (``P key
+    value`` -> ``OK``): one connection per session, to ``addresses[i % n]``."""
+    pad = "x" * max(0, value_bytes - 8)
+    conns: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+
+    async def put(idx: int, n: int) -> bool:
+        if idx not in conns:
+            conns[idx] = await asyncio.open_connection(*addresses[idx % len(addresses)])
+        reader, writer = conns[idx]
+        try:
+            writer.write(f"P {prefix}/s{idx}k{n % 1000} {n:08d}{pad}\n".encode())
+            line = await reader.readline()
+        except BaseException:
+            conns.pop(idx, None)  # a request cut off leaves the stream mid-answer: a new one
+            writer.close()
+            raise
+        if not line:
+            conns.pop(idx, None)
+            writer.close()
+        return line == b"OK\n"
+
+    async def close_all() -> None:
+        for _reader, writer in conns.values():
+            writer.close()
+
+    return await closed_loop(sessions, seconds, put, on_progress, close_all)
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -258,10 +459,30 @@ def _self_cpu_s() -> float:
 # --- the benchmark ---------------------------------------------------------------------
 
 
+CELLAR_DURABILITY = {
+    "batch": "Cellar fsync=batch: group-committed fdatasync of the WAL before a replica acknowledges, on a majority",
+    "always": "Cellar fsync=always: an fsync of the WAL per append before a replica acknowledges, on a majority",
+    "never": "Cellar fsync=never: the WAL in the page cache only (no fsync): lost on a power loss",
+}
+ETCD_DURABILITY = "{v}: fsyncs its WAL before acknowledging, on a majority (etcd has no switch for it)"
+# Throughput ratios reported (numerator, denominator), when both targets ran.
+RATIOS = (("cellar-binary", "etcd-http"), ("cellar-binary", "pysyncobj"), ("cellar-http", "etcd-http"),
+          ("cellar-binary", "pysyncobj-nosync"))
+
+
+def ratio_key(a: str, b: str) -> str:
+    return f"{a}/{b}"
+
+
 class Bench:
+    """The servers of the chosen targets (started once, stopped by PID) and the measurement
+    of one target, one round; ``rounds`` measures every target ``rounds`` times in
+    alternating order. ``cellar bench kv-http`` and ``cellar bench peers`` both drive it."""
+
     def __init__(self, *, targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: float,
                  warmup: float, rounds: int, value_bytes: int, fsync: str, etcd_binary: str | None,
-                 root: str, progress: Callable[[str], None], live: Callable[[str], None]) -> None:
+                 root: str, progress: Callable[[str], None], live: Callable[[str], None],
+                 pysyncobj: dict | None = None, pysyncobj_version: str | None = None) -> None:
         self.targets = targets
         self.sessions = sessions
         self.binary_sessions = binary_sessions
@@ -271,11 +492,14 @@ class Bench:
         self.value_bytes = value_bytes
         self.fsync = fsync
         self.etcd_binary = etcd_binary
+        self.pysyncobj_options = pysyncobj or {}
+        self.pysyncobj_version = pysyncobj_version
         self.root = root
         self.say = progress
         self.live = live
         self.cellar: Any = None
         self.etcd: EtcdCluster | None = None
+        self.pysyncobj: dict[str, PySyncObjCluster] = {}  # by target
 
     # processes (synchronous: started and stopped outside the event loop)
 
@@ -285,17 +509,26 @@ class Bench:
         if any(t.startswith("cellar") for t in self.targets):
             self.cellar = LocalCluster(os.path.join(self.root, "cellar"), 3, fsync=self.fsync, cluster_id="bench",
                                        http=True)
+            _TAKEN.update(self.cellar.peer_ports + self.cellar.client_ports + self.cellar.http_ports)
             self.cellar.start_all()
         if "etcd-http" in self.targets:
             assert self.etcd_binary is not None
             self.etcd = EtcdCluster(self.etcd_binary, os.path.join(self.root, "etcd"), 3)
             self.etcd.start_all()
+        for target, durability in PYSYNCOBJ_TARGETS.items():
+            if target in self.targets:
+                self.pysyncobj[target] = PySyncObjCluster(os.path.join(self.root, target), 3, durability=durability,
+                                                          **self.pysyncobj_options)
+                self.pysyncobj[target].start_all()
 
     def stop(self) -> None:
-        if self.cellar is not None:
-            self.cellar.stop_all()
-        if self.etcd is not None:
-            self.etcd.stop_all()
+        for group in (self.cellar, self.etcd, *self.pysyncobj.values()):
+            if group is not None:
+                group.stop_all()
+
+    def server_pids(self) -> list[int]:
+        """Every server process started (each once)."""
+        return sorted({pid for t in self.targets for pid in self._server_pids(t)})
 
     async def ready(self) -> None:
         if self.cellar is not None:
@@ -309,6 +542,21 @@ class Bench:
         if self.etcd is not None:
             await wait_http_ready("etcd", self.etcd.urls, "/health", self.etcd.procs, self.etcd.log_tail)
             self.say(f"{etcd_version(self.etcd.binary)}: 3 members, http {', '.join(self.etcd.urls)}")
+        for target, group in self.pysyncobj.items():
+            await group.ready()
+            self.say(f"{target}: PySyncObj {self.pysyncobj_version}, 3 replicas, durability={group.durability}, "
+                     f"{group.settings()}, tcp {', '.join(f'{h}:{p}' for h, p in group.addresses)}")
+
+    def durability(self) -> dict[str, str]:
+        """One line per system measured: what an acknowledgement means on disk."""
+        out = {}
+        if self.cellar is not None:
+            out["cellar"] = CELLAR_DURABILITY[self.fsync]
+        if self.etcd is not None:
+            out["etcd"] = ETCD_DURABILITY.format(v=etcd_version(self.etcd.binary))
+        for target, group in self.pysyncobj.items():
+            out[target] = PYSYNCOBJ_DURABILITY[group.durability].format(v=self.pysyncobj_version)
+        return out
 
     def _urls(self, target: str) -> list[str]:
         if target == "etcd-http":
@@ -318,7 +566,12 @@ class Bench:
     def _server_pids(self, target: str) -> list[int]:
         if target == "etcd-http":
             return self.etcd.pids()  # type: ignore[union-attr]
+        if target in self.pysyncobj:
+            return self.pysyncobj[target].pids()
         return [p.pid for p in self.cellar.procs.values()]
+
+    def sessions_of(self, target: str) -> int:
+        return self.binary_sessions if target == "cellar-binary" else self.sessions
 
     async def _load(self, target: str, seconds: float, seed: int, show: bool) -> LoadResult:
         t0 = time.monotonic()
@@ -330,7 +583,7 @@ class Bench:
             now = time.monotonic()
             rate = (res.ops - last[0]) / max(1e-6, now - last[1])
             last[0], last[1] = res.ops, now
-            self.live(f"  {target:<13} t={now - t0:4.1f}s  ops {res.ops:>8}  now {rate:>7.0f} ops/s  "
+            self.live(f"  {target:<16} t={now - t0:4.1f}s  ops {res.ops:>8}  now {rate:>7.0f} ops/s  "
                       f"errors {res.errors}")
 
         if target == "cellar-binary":
@@ -340,22 +593,55 @@ class Bench:
             async with CellarClient(self.cellar.client_addresses, timeout_s=REQUEST_TIMEOUT_S) as cellar:
                 return await run_load(cellar, sessions=self.binary_sessions, seconds=seconds,
                                       value_bytes=self.value_bytes, seed=seed, on_progress=tick)
+        if target in self.pysyncobj:
+            return await line_put_load(self.pysyncobj[target].addresses, sessions=self.sessions, seconds=seconds,
+                                       value_bytes=self.value_bytes, prefix=f"bench{seed}", on_progress=tick)
         return await http_put_load(self._urls(target), sessions=self.sessions, seconds=seconds,
                                    value_bytes=self.value_bytes, prefix=f"bench{seed}", on_progress=tick)
 
+    async def only_pysyncobj(self, target: str) -> None:
+        """PySyncObj's ticking thread wakes every autoTickPeriod even when idle (2 ms: about
+        13 % of a core per 3-replica cluster here), so the PySyncObj clusters not measured
+        now are paused (SIGSTOP) and the one measured resumed, then ready again (a leader,
+        a put acknowledged through each replica) before its warm-up."""
+        for t, group in self.pysyncobj.items():
+            group.pause(t != target)
+        if target in self.pysyncobj:
+            await self.pysyncobj[target].ready()
+
+    async def cellar_views(self) -> list[dict]:
+        """Each Cellar replica's view, sequencer, phase and longest event-loop pause so far
+        (status without the digest; ``error`` for one that does not answer within 2 s)."""
+        from store.client import CellarClient
+
+        async with CellarClient(self.cellar.client_addresses, timeout_s=2.0) as admin:
+            sts = await admin.statuses(digest=False)
+        return [{"error": st["error"]} if "error" in st else
+                {"view": st.get("view"), "sequencer": st.get("sequencer", st.get("leader")), "phase": st.get("phase"),
+                 "loop_lag_max_ms": (st.get("loop") or {}).get("lag_max_ms")} for st in sts]
+
     async def measure(self, target: str, round_: int) -> dict:
+        await self.only_pysyncobj(target)
         if self.warmup:
             await self._load(target, self.warmup, 1000 + round_, False)
         pids = self._server_pids(target)
+        before = await self.cellar_views() if target.startswith("cellar") else None
         cpu0, self0 = _cpu_s(pids), _self_cpu_s()
         res = await self._load(target, self.seconds, round_ + 1, True)
         cpu1, self1 = _cpu_s(pids), _self_cpu_s()
         self.live("")
         ops = res.ops
+        extra = {}
+        if before is not None:
+            after = await self.cellar_views()
+            extra = {"cellar_before": before, "cellar_after": after}
+            if [v.get("view") for v in before] != [v.get("view") for v in after] or any("error" in v for v in after):
+                self.say(f"  {target}: Cellar's replicas changed view or did not answer during the measurement: "
+                         f"{before} -> {after}")
         return {
             "target": target,
             "round": round_ + 1,
-            "sessions": self.binary_sessions if target == "cellar-binary" else self.sessions,
+            "sessions": self.sessions_of(target),
             "ops_per_s": round(res.throughput(), 1),
             "p50_ms": round(res.percentile(0.50), 2) if ops else None,
             "p99_ms": round(res.percentile(0.99), 2) if ops else None,
@@ -364,7 +650,35 @@ class Bench:
             "seconds": round(res.seconds, 2),
             "client_cpu_pct": round(100 * (self1 - self0) / max(1e-6, res.seconds), 1),
             "server_cpu_ms_per_op": round(1000 * (cpu1 - cpu0) / ops, 3) if ops else None,
+            **extra,
         }
+
+    async def measure_rounds(self, first_round: int = 0, label: str = "") -> dict:
+        """Every target ``rounds`` times, the order reversed every other round (counting from
+        ``first_round``, so that consecutive calls go on alternating); per-target medians
+        and the throughput ratios of each round (``RATIOS``) with their medians."""
+        runs: dict[str, list[dict]] = {t: [] for t in self.targets}
+        for r in range(self.rounds):
+            k = first_round + r
+            order = self.targets if k % 2 == 0 else self.targets[::-1]
+            for target in order:
+                m = await self.measure(target, r)
+                runs[target].append(m)
+                self.say(f"{label}round {r + 1} {target:<16} {m['ops_per_s']:>8.0f} ops/s  p50 {_ms(m['p50_ms'])}  "
+                         f"p99 {_ms(m['p99_ms'])}  errors {m['errors']}  client CPU {m['client_cpu_pct']:.0f} %")
+        median = {}
+        for t, ms in runs.items():
+            median[t] = {k: _median([m[k] for m in ms]) for k in
+                         ("ops_per_s", "p50_ms", "p99_ms", "client_cpu_pct", "server_cpu_ms_per_op")}
+            median[t]["errors"] = sum(m["errors"] for m in ms)
+            median[t]["sessions"] = ms[0]["sessions"]
+        per_round = {}
+        for a, b in RATIOS:
+            if a in runs and b in runs:
+                per_round[ratio_key(a, b)] = [round(x["ops_per_s"] / y["ops_per_s"], 3)
+                                              for x, y in zip(runs[a], runs[b]) if y["ops_per_s"]]
+        return {"runs": runs, "median": median, "per_round_ratios": per_round,
+                "ratios": {k: _median(v) if v else None for k, v in per_round.items()}}
 
     async def run(self) -> dict:
         loop = asyncio.get_running_loop()
@@ -379,31 +693,17 @@ class Bench:
 
         loop.set_exception_handler(quiet_cancel)
         await self.ready()
-        runs: dict[str, list[dict]] = {t: [] for t in self.targets}
-        for r in range(self.rounds):
-            order = self.targets if r % 2 == 0 else self.targets[::-1]
-            for target in order:
-                m = await self.measure(target, r)
-                runs[target].append(m)
-                self.say(f"round {r + 1} {target:<13} {m['ops_per_s']:>8.0f} ops/s  p50 {_ms(m['p50_ms'])}  "
-                         f"p99 {_ms(m['p99_ms'])}  errors {m['errors']}  client CPU {m['client_cpu_pct']:.0f} %")
-        median = {}
-        for t, ms in runs.items():
-            median[t] = {k: _median([m[k] for m in ms]) for k in
-                         ("ops_per_s", "p50_ms", "p99_ms", "client_cpu_pct", "server_cpu_ms_per_op")}
-            median[t]["errors"] = sum(m["errors"] for m in ms)
-            median[t]["sessions"] = ms[0]["sessions"]
-        ratios = []
-        if "cellar-http" in runs and "etcd-http" in runs:
-            ratios = [round(a["ops_per_s"] / b["ops_per_s"], 3) for a, b in zip(runs["cellar-http"], runs["etcd-http"])
-                      if b["ops_per_s"]]
+        measured = await self.measure_rounds()
+        key = ratio_key("cellar-http", "etcd-http")
         return {
             "targets": list(self.targets), "sessions": self.sessions, "binary_sessions": self.binary_sessions,
             "seconds": self.seconds, "warmup": self.warmup, "rounds": self.rounds, "value_bytes": self.value_bytes,
             "fsync": self.fsync, "etcd": etcd_version(self.etcd.binary) if self.etcd else None,
-            "runs": runs, "median": median,
-            "ratio_cellar_http_over_etcd_http": _median(ratios) if ratios else None,
-            "per_round_ratios": ratios,
+            "pysyncobj": self.pysyncobj_version, "durability": self.durability(),
+            "runs": measured["runs"], "median": measured["median"],
+            "ratio_cellar_http_over_etcd_http": measured["ratios"].get(key),
+            "per_round_ratios": measured["per_round_ratios"].get(key, []),
+            "ratios": measured["ratios"], "per_round_ratios_all": measured["per_round_ratios"],
         }
 
 
@@ -416,23 +716,45 @@ def _ms(x: float | None) -> str:
     return f"{x:7.2f} ms" if x is not None else "      - ms"
 
 
-def format_table(result: dict) -> str:
-    lines = [f"median of {result['rounds']} round(s) of {result['seconds']:g} s, 3 replicas each, loopback, "
-             f"{result['value_bytes']}-byte values, closed loop; Cellar fsync={result['fsync']}"
-             + (f"; {result['etcd']}" if result.get("etcd") else ""),
-             f"{'target':<14} {'sessions':>8} {'ops/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+def target_table(median: dict, targets: list[str]) -> list[str]:
+    lines = [f"{'target':<17} {'sessions':>8} {'ops/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
              f"{'client CPU':>10} {'server CPU/op':>13}"]
-    for t in result["targets"]:
-        m = result["median"][t]
+    for t in targets:
+        m = median[t]
         p50 = f"{m['p50_ms']:.2f}" if m["p50_ms"] is not None else "-"
         p99 = f"{m['p99_ms']:.2f}" if m["p99_ms"] is not None else "-"
         cpu = f"{m['server_cpu_ms_per_op']:.3f} ms" if m["server_cpu_ms_per_op"] is not None else "-"
-        lines.append(f"{t:<14} {m['sessions']:>8} {m['ops_per_s']:>9.0f} {p50:>8} {p99:>8} {m['errors']:>7} "
+        lines.append(f"{t:<17} {m['sessions']:>8} {m['ops_per_s']:>9.0f} {p50:>8} {p99:>8} {m['errors']:>7} "
                      f"{m['client_cpu_pct']:>9.0f}% {cpu:>13}")
-    if result["ratio_cellar_http_over_etcd_http"] is not None:
-        lines.append(f"Cellar-HTTP / etcd-HTTP throughput: {result['ratio_cellar_http_over_etcd_http']:.2f}x "
-                     f"(per round: {result['per_round_ratios']})")
+    return lines
+
+
+def ratio_lines(ratios: dict, per_round: dict) -> list[str]:
+    return [f"{k} throughput: {v:.2f}x (per round: {per_round[k]})" if v is not None else f"{k}: -"
+            for k, v in ratios.items()]
+
+
+def durability_lines(durability: dict[str, str]) -> list[str]:
+    return [f"durability, {k}: {d}" for k, d in durability.items()]
+
+
+def format_table(result: dict) -> str:
+    lines = [f"median of {result['rounds']} round(s) of {result['seconds']:g} s, 3 replicas each, loopback, "
+             f"{result['value_bytes']}-byte values, closed loop; Cellar fsync={result['fsync']}"
+             + (f"; {result['etcd']}" if result.get("etcd") else "")
+             + (f"; PySyncObj {result['pysyncobj']}" if result.get("pysyncobj") else ""),
+             *target_table(result["median"], result["targets"]),
+             *ratio_lines(result["ratios"], result["per_round_ratios_all"])]
+    lines += durability_lines(result["durability"])
     return "\n".join(lines)
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in chosen if t not in TARGETS]
+    if bad or not chosen or len(set(chosen)) != len(chosen):
+        raise click.BadParameter(f"{text!r}: choose some of {', '.join(TARGETS)}, each once", param_hint="--targets")
+    return chosen
 
 
 def run(targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: float, warmup: float, rounds: int,
@@ -440,7 +762,7 @@ def run(targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: 
     """The whole benchmark; processes are stopped (by PID) whatever happens."""
     from store.server import install_loop, tune_gc
 
-    etcd_binary = find_etcd(etcd) if "etcd-http" in targets else None
+    etcd_binary, pysyncobj = find_peers(targets, etcd)
     root = tempfile.mkdtemp(prefix="cellar-bench-kv-http-")
     out = sys.stderr if as_json else sys.stdout
     tty = out.isatty() and not quiet
@@ -457,7 +779,7 @@ def run(targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: 
 
     bench = Bench(targets=targets, sessions=sessions, binary_sessions=binary_sessions, seconds=seconds,
                   warmup=warmup, rounds=rounds, value_bytes=value_bytes, fsync=fsync, etcd_binary=etcd_binary,
-                  root=root, progress=say, live=live)
+                  root=root, progress=say, live=live, pysyncobj_version=pysyncobj)
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -482,34 +804,43 @@ def run(targets: tuple[str, ...], sessions: int, binary_sessions: int, seconds: 
             shutil.rmtree(root, ignore_errors=True)
 
 
+def load_options(targets: tuple[str, ...], warmup: float, rounds: int) -> Callable:
+    """``--targets --seconds --warmup --rounds --value-bytes --fsync --etcd --keep``, as
+    ``cellar bench kv-http`` and ``cellar bench peers`` take them."""
+    def deco(f: Callable) -> Callable:
+        for opt in reversed([
+            click.option("--targets", default=",".join(targets), show_default=True,
+                         help=f"Which of {', '.join(TARGETS)} to measure, comma-separated."),
+            click.option("--seconds", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
+                         help="Measured seconds per target and round (and client count)."),
+            click.option("--warmup", type=click.FloatRange(0, 60), default=warmup, show_default=True,
+                         help="Unmeasured load before each measurement."),
+            click.option("--rounds", type=click.IntRange(1, 20), default=rounds, show_default=True),
+            click.option("--value-bytes", type=click.IntRange(8, 1 << 16), default=16, show_default=True),
+            click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch",
+                         show_default=True,
+                         help="Cellar's WAL fsync policy (etcd always syncs its WAL before acknowledging)."),
+            click.option("--etcd", "etcd", default="etcd", show_default=True, metavar="PATH", help="The etcd binary."),
+            click.option("--keep", is_flag=True, help="Keep the data dirs and logs."),
+        ]):
+            f = opt(f)
+        return f
+    return deco
+
+
 @click.command("kv-http")
-@click.option("--targets", default=",".join(TARGETS), show_default=True,
-              help="Which of cellar-http, etcd-http, cellar-binary to measure, comma-separated.")
+@load_options(KV_HTTP_DEFAULT, warmup=1.0, rounds=2)
 @click.option("--sessions", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="Concurrent closed-loop HTTP sessions (cellar-http and etcd-http).")
 @click.option("--binary-sessions", type=click.IntRange(1, 100_000), default=256, show_default=True,
               help="Sessions of the binary client (cellar bench's default).")
-@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
-              help="Measured seconds per target and round.")
-@click.option("--warmup", type=click.FloatRange(0, 60), default=1.0, show_default=True,
-              help="Unmeasured load before each measurement.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True)
-@click.option("--value-bytes", type=click.IntRange(8, 1 << 16), default=16, show_default=True)
-@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch", show_default=True,
-              help="Cellar's WAL fsync policy (etcd always syncs its WAL before acknowledging).")
-@click.option("--etcd", "etcd", default="etcd", show_default=True, metavar="PATH", help="The etcd binary.")
-@click.option("--keep", is_flag=True, help="Keep the data dirs and logs.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only (progress on stderr).")
 def kv_http(targets, sessions, binary_sessions, seconds, warmup, rounds, value_bytes, fsync, etcd, keep, quiet,
             as_json) -> None:
     """Write throughput through Cellar's HTTP API beside etcd's JSON gateway (3 members each on
     127.0.0.1, same closed-loop put load, same run), and through Cellar's binary client."""
-    chosen = tuple(t.strip() for t in targets.split(",") if t.strip())
-    bad = [t for t in chosen if t not in TARGETS]
-    if bad or not chosen or len(set(chosen)) != len(chosen):
-        raise click.BadParameter(f"{targets!r}: choose some of {', '.join(TARGETS)}, each once",
-                                 param_hint="--targets")
+    chosen = parse_targets(targets)
     try:
         result = run(chosen, sessions, binary_sessions, seconds, warmup, rounds, value_bytes, fsync, etcd, keep,
                      as_json, quiet)
@@ -530,14 +861,15 @@ def kv_http(targets, sessions, binary_sessions, seconds, warmup, rounds, value_b
 
 
 class BenchGroup(click.Group):
-    """``cellar bench`` as before (its options, no subcommand), plus ``cellar bench kv-http`` and
-    ``cellar bench geo``."""
+    """``cellar bench`` as before (its options, no subcommand), plus ``cellar bench kv-http``,
+    ``geo``, ``peers`` and the paper's figures."""
 
 
 def _bench_group() -> click.Group:
     from bench.cluster_bench import bench as cluster
     from bench.failover_bench import failover
     from bench.geo_bench import geo
+    from bench.peers_bench import peers
     from bench.reads_bench import reads
     from bench.straggler_bench import straggler
 
@@ -550,7 +882,9 @@ def _bench_group() -> click.Group:
                        help=inspect.cleandoc(cluster.help or "") + "\n\n`cellar bench kv-http`: HTTP writes "
                        "beside etcd's JSON gateway (see `cellar bench kv-http --help`).\n\n`cellar bench geo`: "
                        "per-site commit latency behind wide-area delays, beside the simulator and the "
-                       "one-round-trip bound (see `cellar bench geo --help`).\n\n`cellar bench failover`, `reads`, "
+                       "one-round-trip bound (see `cellar bench geo --help`).\n\n`cellar bench peers`: Cellar "
+                       "beside etcd and PySyncObj at several client counts (see `cellar bench peers --help`)."
+                       "\n\n`cellar bench failover`, `reads`, "
                        "`straggler`: the SDPaxos paper's Figs. 14, 11 and 9 on real processes.",
                        short_help=cluster.short_help)
     group.add_command(kv_http)
@@ -558,6 +892,7 @@ def _bench_group() -> click.Group:
     group.add_command(failover)
     group.add_command(reads)
     group.add_command(straggler)
+    group.add_command(peers)
     return group
 
 

@@ -291,6 +291,17 @@ def load_text(avg: list[float] | None) -> str:
     return f"{avg[0]:.2f}/{avg[1]:.2f}/{avg[2]:.2f}" if avg else "?"
 
 
+def machine_text(result: dict) -> str:
+    """``N CPUs, load average A before, B after`` of a result with ``header``'s fields."""
+    return (f"{result['cpus']} CPUs, load average {load_text(result['load_average_before'])} before, "
+            f"{load_text(result.get('load_average_after'))} after")
+
+
+def summary_doc(title: str, intro: str, table: str, command: str) -> str:
+    """summary.md: a title, what was measured, the table as printed, the command line."""
+    return "\n".join([f"# {title}", "", intro, "", "```", *table.splitlines(), "```", "", f"Command: `{command}`", ""])
+
+
 class Frame:
     """Console, progress bar and ``say`` on stderr (``--quiet`` silences them)."""
 
@@ -397,6 +408,13 @@ def plt_module() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: str, dpi: int = 110) -> None:
+    plt = plt_module()
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 COLORS = {"sdpaxos": "#2b8a3e", "multipaxos": "#868e96"}

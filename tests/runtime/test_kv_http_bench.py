@@ -16,8 +16,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def cellar(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+def cellar(*args: str, timeout: float = 120, path_first: str | None = None) -> subprocess.CompletedProcess:
+    """``cellar ARGS`` from the repo; ``path_first`` goes on PYTHONPATH before it."""
+    paths = [*([path_first] if path_first else []), ROOT, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths).rstrip(os.pathsep)}
     return subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
