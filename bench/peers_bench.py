@@ -10,7 +10,7 @@ endpoint), all on 127.0.0.1 with data dirs under one temp dir, through
 ``--warmup`` s of unmeasured load) with N closed-loop clients, each putting 16-byte values
 to its own keys, one request at a time, spread over the three members:
 
-- ``cellar-binary``: Cellar's binary client (``bench.loadgen.run_load``, N sessions);
+- ``cellar-binary``: Cellar's binary client (``store.loadgen.run_load``, N sessions);
 - ``cellar-http``: ``POST /v3/kv/put`` on Cellar's gateway;
 - ``etcd-http``: the same request on etcd's grpc-gateway;
 - ``pysyncobj``: ``P key value`` on the replica's endpoint, acknowledged when PySyncObj's
