@@ -114,7 +114,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from operator import itemgetter
 from typing import Any
 
@@ -557,7 +557,7 @@ class KVStateMachine:
     """
 
     __slots__ = ("data", "hist", "rev", "compact_rev", "now_ms", "next_lease", "leases", "lease_keys",
-                 "_index", "_stale", "_wrev", "_changed", "listener", "_events")
+                 "_index", "_fresh", "_stale", "_wrev", "_changed", "listener", "_events")
     name = "kv"
 
     def __init__(self) -> None:
@@ -569,7 +569,8 @@ class KVStateMachine:
         self.next_lease = 1
         self.leases: dict[int, list] = {}  # id -> [ttl_ms, expiry_ms]
         self.lease_keys: dict[int, set] = {}  # id -> live keys attached (derived)
-        self._index: list[tuple] = []  # _ord(key) of every key in hist, sorted
+        self._index: list[tuple] = []  # _ord(key) of every key in hist, sorted (see _sorted_index)
+        self._fresh: list = []  # keys new to hist since _index was last merged (a put's O(1))
         self._stale: set = set()  # keys whose history holds more than one live record
         self._wrev = 0
         self._changed = False
@@ -659,7 +660,7 @@ class KVStateMachine:
             "compact_revision": self.compact_rev,
             "now_ms": self.now_ms,
             "next_lease": self.next_lease,
-            "keys": [[e[2], hist[e[2]]] for e in self._index],
+            "keys": [[e[2], hist[e[2]]] for e in self._sorted_index()],
             "leases": [[i, *self.leases[i]] for i in sorted(self.leases)],
         }, use_bin_type=True)
 
@@ -716,6 +717,16 @@ class KVStateMachine:
         now = max(self.now_ms, now_ms)
         return any(lease[1] <= now for lease in self.leases.values())
 
+    def _sorted_index(self) -> list:
+        """``_index`` with the keys new since the last merge: an appended run sorted in,
+        O(k log k + n) (timsort merges the two runs). The same list whatever the order
+        the keys came in, so replicas and snapshots agree."""
+        if self._fresh:
+            fresh, self._fresh = self._fresh, []
+            self._index.extend(_ord(k) for k in fresh)
+            self._index.sort()
+        return self._index
+
     # --- writes: one revision per command ---------------------------------------------
 
     def _begin(self) -> None:
@@ -752,7 +763,7 @@ class KVStateMachine:
         prev = None
         if recs is None:
             self.hist[key] = [(w, w, 1, value, lease)]
-            insort(self._index, _ord(key))
+            self._fresh.append(key)  # merged into _index when a read or compaction needs it
         else:
             last = recs[-1]
             if last[1]:
@@ -802,8 +813,9 @@ class KVStateMachine:
 
     def _compact(self, at: int) -> None:
         """Forget every record not needed to read at revision ``at`` or later."""
-        hist, index = self.hist, self._index
+        hist = self.hist
         done = []
+        gone = set()
         for key in self._stale:  # each key on its own: the order does not matter
             recs = hist[key]
             i = bisect_right(recs, at, key=_mod)
@@ -814,12 +826,13 @@ class KVStateMachine:
                 del recs[:keep]
             if not recs:
                 del hist[key]
-                o = _ord(key)
-                del index[bisect_left(index, o)]
+                gone.add(key)
                 done.append(key)
             elif len(recs) == 1 and recs[0][1]:
                 done.append(key)
         self._stale.difference_update(done)
+        if gone:
+            self._index = [e for e in self._sorted_index() if e[2] not in gone]
         self.compact_rev = at
 
     # --- reads ------------------------------------------------------------------------
@@ -857,7 +870,7 @@ class KVStateMachine:
             return [] if rec is None else [(key, rec)]
         else:
             lo, hi = _bound(key), _end_bound(end)
-        index = self._index
+        index = self._sorted_index()
         i = bisect_left(index, lo)
         j = len(index) if hi is None else bisect_left(index, hi)
         out = []

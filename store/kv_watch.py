@@ -164,7 +164,7 @@ class Watcher:
         """The keys of the machine's history in this watcher's span, in key order."""
         if self.single:
             return [self.key] if self.key in machine.hist else []
-        index = machine._index
+        index = machine._sorted_index()
         i = bisect_left(index, self.lo)
         j = len(index) if self.hi is None else bisect_left(index, self.hi)
         return [e[2] for e in index[i:j]]
