@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -77,6 +78,7 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             last = await _statuses(cellar)
     finally:
         cluster.stop_all()
+        shutil.rmtree(root, ignore_errors=True)  # the replicas' data: nothing to keep once stopped
     nodes = []
     for i in range(replicas):
         a, b = first[i] or {}, last[i] or {}
