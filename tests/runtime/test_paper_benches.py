@@ -133,7 +133,9 @@ def test_failover_smoke(tmp_path):
         assert set(m["first_ack_s"]) == {"1", "2"} and all(v is not None and v > 0 for v in m["first_ack_s"].values())
         assert all(v is not None for v in m["view_change_s"].values()), m["view_change_s"]
         assert m["before_per_s"] > 0 and m["after_per_s"] > 0
-        assert len(m["ops_per_100ms"]) == 30 and m["kill_at_s"] >= 0.8
+        # The kill comes after the asked 0.8 s (uvloop's timers have millisecond
+        # resolution and may fire up to 1 ms early: a fresh clone once saw 0.799).
+        assert len(m["ops_per_100ms"]) == 30 and m["kill_at_s"] >= 0.8 - 0.002
     assert set(result["ratios_sdpaxos_over_multipaxos"]) == set(result["median"]["sdpaxos"])
 
 
