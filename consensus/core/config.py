@@ -73,8 +73,8 @@ class ProtocolConfig:
     # waited to be ordered vs. how long replication took; 3 bad windows in a row,
     # confirmed by a majority, replace the sequencer, at most once per
     # straggler_cooldown_ticks. A replica confirms a peer's request only on its own
-    # evidence (straggler_agree_strikes bad windows in a row, on the same tests), and
-    # a confirmation counts for two windows (votes_fresh_windows) unless renewed.
+    # evidence (straggler_agree_strikes doubtful windows in a row: the same tests,
+    # milder), and a vote counts for two windows unless renewed.
     straggler_window_ticks: int = 50
     straggler_min_demand: int = 4
     straggler_strikes: int = 3

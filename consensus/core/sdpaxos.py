@@ -1846,14 +1846,19 @@ class SDPaxosReplica(ReplicaBase):
         best = max(self._best_ready, 1)
         served, base = self._window_served, self._served_baseline
         demand = bool(self.unready) and base >= self.cfg.straggler_min_demand
-        # Signal 1: instances take far longer to become ready than they ever did.
-        # Signal 2 (the paper's): O-slots served for me fell below half my recent
-        # healthy rate while I had commands waiting.
-        slow = (enough and total > count * (3 * best + 2)) or (demand and served * 2 < base)
+
+        def worse(times_best: int, served_num: int, served_den: int) -> bool:
+            # Signal 1: my instances took times_best x my best (+ 2 ticks) to become
+            # ready. Signal 2 (the paper's): the O-slots served for me fell below
+            # served_num/served_den of my healthy rate while I had commands waiting.
+            return (enough and total > count * (times_best * best + 2)) or (
+                demand and served * served_den < base * served_num)
+
+        slow = worse(3, 1, 2)
         # The same signals, milder: the window is doubtful. Only a run of doubtful
         # windows (straggler_agree_strikes) lets me confirm a peer's request: one is
         # noise (a loaded machine, my own clients' demand moving by a third).
-        doubtful = slow or (enough and total > count * (2 * best + 2)) or (demand and served * 10 < base * 7)
+        doubtful = slow or worse(2, 7, 10)
         if not slow:
             self._served_baseline = served if base == 0 else (4 * base + served) / 5
         self._window_served = 0

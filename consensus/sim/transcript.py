@@ -456,7 +456,10 @@ class Cluster:
             peers = tuple(tuple(int(x) for x in g.split(",")) for g in kv.pop("peers").split("/"))
         # straggler=W: judge the sequencer every W ticks (paper §4; demand of one
         # instance, no cooldown); off by default, so that no window fires in a schedule.
-        straggler = int(kv.pop("straggler", 1 << 60))
+        straggler: dict = {"straggler_window_ticks": 1 << 60}
+        if "straggler" in kv:
+            straggler = {"straggler_window_ticks": int(kv.pop("straggler")), "straggler_min_demand": 1,
+                         "straggler_cooldown_ticks": 0}
         rtt = kv.pop("rtt", "fixed")  # fixed: peer_order as given; measure: probes and echoes
         if rtt not in ("fixed", "measure"):
             raise CommandError(f"rtt={rtt!r}: want fixed or measure")
@@ -465,8 +468,7 @@ class Cluster:
         self.pcfg = ProtocolConfig(
             n=n, heartbeat_ticks=timers["heartbeat"], election_ticks=timers["election"], lease_ticks=timers["lease"],
             resend_ticks=timers["resend"], recovery_ticks=timers["recovery"], thrifty=thrifty,
-            straggler_window_ticks=straggler, straggler_min_demand=1 if straggler < 1 << 60 else 4,
-            straggler_cooldown_ticks=0 if straggler < 1 << 60 else 1000, peer_order=peers, measure_rtt=rtt == "measure")
+            peer_order=peers, measure_rtt=rtt == "measure", **straggler)
         self.reps = [None] * n
         self.disks = [[] for _ in range(n)]
         self.incarnation = [0] * n
