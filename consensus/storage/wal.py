@@ -228,11 +228,15 @@ def makedirs_durable(path: str | os.PathLike[str]) -> str:
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    # Each os.write makes progress or raises, so this loop is bounded by len(data).
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+    # The views are released on the way out, even if something keeps this frame alive
+    # (a traceback, a sampling profiler): a live view of the WAL's bytearray buffer
+    # makes its next clear() raise BufferError, which would stop the node.
+    with memoryview(data) as view:
+        done = 0
+        # Each os.write makes progress or raises, so this loop is bounded by len(data).
+        while done < len(view):
+            with view[done:] as rest:
+                done += os.write(fd, rest)
 
 
 def _drop_cached(fd: int) -> None:
