@@ -231,7 +231,7 @@ class ReplicaBase:
         """The state at the execution point, or None if the protocol cannot compact."""
         return None
 
-    def compact(self, meta: dict) -> list:
+    def compact(self, meta: dict, live: bool = True) -> list:
         raise NotImplementedError(f"{self.protocol} does not compact its log")
 
     def install_snapshot(self, meta: dict, state: bytes) -> bool:

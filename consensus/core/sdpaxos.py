@@ -514,7 +514,7 @@ class SDPaxosReplica(ReplicaBase):
         }
         return meta, self.executor.snapshot()
 
-    def compact(self, meta: dict) -> list:
+    def compact(self, meta: dict, live: bool = True) -> list:
         """The driver durably stored the snapshot ``meta`` describes: forget old log.
 
         Keeps a margin of one snapshot interval: drops only what the *previous*
@@ -524,6 +524,8 @@ class SDPaxosReplica(ReplicaBase):
         promises and every C-instance and O-slot still in memory, with commit
         markers. Replayed on top of this snapshot *or the previous one* they rebuild
         this replica's durable state, so the driver may replace its WAL with them.
+        ``live=False``: the same compaction, and ``[]`` (a driver that has the live
+        records already, made from a copy of this replica, skips building them).
         """
         slot, insts = self._check_meta(meta)
         prev = self._snap_meta
@@ -537,7 +539,7 @@ class SDPaxosReplica(ReplicaBase):
                     raise SafetyViolation(f"replica {self.id}: compacting to {t_slot} past execution at {self.exec_slot}")
                 self._raise_floor(t_slot, t_insts)
                 self.stats["compactions"] += 1
-        return self._live_records()
+        return self._live_records() if live else []
 
     def install_snapshot(self, meta: dict, state: bytes) -> bool:
         """Adopt a peer's snapshot if it is ahead of our execution point.
