@@ -63,12 +63,16 @@ log = logging.getLogger(__name__)
 SNAPSHOT_MAGIC = b"CELLSNAP"
 SNAPSHOT_VERSION = 1  # written for a snapshot without a slot
 SNAPSHOT_VERSION_SLOT = 2  # written for a snapshot with a slot
+SNAPSHOT_VERSION_LIVE = 3  # written for a snapshot with a slot and live records
 # magic, version, flags, seq, meta_len, body_len, crc32c of (header before crc + meta + body)
 _HEADER = struct.Struct(">8sHHQIQI")
 SNAPSHOT_HEADER_BYTES = _HEADER.size  # 36
 # version 2: magic, version, flags, seq, slot, meta_len, body_len, crc32c
 _HEADER_V2 = struct.Struct(">8sHHQQIQI")
 SNAPSHOT_HEADER_BYTES_V2 = _HEADER_V2.size  # 44
+# version 3: magic, version, flags, seq, slot, meta_len, body_len, live_len, crc32c
+_HEADER_V3 = struct.Struct(">8sHHQQIQQI")
+SNAPSHOT_HEADER_BYTES_V3 = _HEADER_V3.size  # 52
 _NAME = re.compile(r"^snap-(\d{20})\.snap$")
 _NAME_SLOT = re.compile(r"^snap-slot-(\d{20})\.snap$")
 META_BYTES_MAX = (1 << 32) - 1
@@ -86,6 +90,9 @@ class Snapshot:
     meta: bytes  # protocol metadata needed to resume (opaque)
     body: bytes  # the state machine (opaque)
     slot: int | None = None  # protocol position; names and orders the file when set
+    # The owner's live records at ``seq`` (opaque; empty: none). A snapshot that has
+    # them replaces every WAL record <= seq at recovery (docs/storage.md).
+    live: bytes = b""
 
 
 def snapshot_name(seq: int, slot: int | None = None) -> str:
@@ -102,6 +109,13 @@ def _order_key(slot: int | None, seq: int) -> tuple[int, int]:
 def encode_snapshot(snap: Snapshot) -> bytes:
     if snap.seq < 0 or len(snap.meta) > META_BYTES_MAX or (snap.slot is not None and snap.slot < 0):
         raise ValueError("snapshot seq and slot must be >= 0 and meta under 4 GiB")
+    if snap.live:
+        if snap.slot is None:
+            raise ValueError("a snapshot with live records needs a slot")
+        head = _HEADER_V3.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION_LIVE, 0, snap.seq, snap.slot, len(snap.meta),
+                               len(snap.body), len(snap.live), 0)[:-4]
+        crc = crc32c.crc32c(snap.live, crc32c.crc32c(snap.body, crc32c.crc32c(snap.meta, crc32c.crc32c(head))))
+        return b"".join((head, struct.pack(">I", crc), snap.meta, snap.body, snap.live))
     if snap.slot is None:
         head = _HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, snap.seq, len(snap.meta), len(snap.body), 0)[:-4]
     else:
@@ -111,10 +125,17 @@ def encode_snapshot(snap: Snapshot) -> bytes:
     return b"".join((head, struct.pack(">I", crc), snap.meta, snap.body))
 
 
+def _header_bytes(data: bytes | bytearray | memoryview) -> int:
+    """How long the header of the image starting with ``data`` is (by its version)."""
+    version = struct.unpack_from(">H", data, 8)[0] if len(data) >= 10 else 0
+    return {SNAPSHOT_VERSION_SLOT: SNAPSHOT_HEADER_BYTES_V2,
+            SNAPSHOT_VERSION_LIVE: SNAPSHOT_HEADER_BYTES_V3}.get(version, SNAPSHOT_HEADER_BYTES)
+
+
 def _parse_header(data: bytes | bytearray | memoryview, source: str
-                  ) -> tuple[int, int | None, int, int, int, int]:
-    """(header bytes, slot, seq, meta_len, body_len, crc) of a snapshot image's
-    header; raises ``SnapshotCorrupt``. ``data`` may be only the first bytes."""
+                  ) -> tuple[int, int | None, int, int, int, int, int]:
+    """(header bytes, slot, seq, meta_len, body_len, crc, live_len) of a snapshot
+    image's header; raises ``SnapshotCorrupt``. ``data`` may be only the first bytes."""
     if len(data) < SNAPSHOT_HEADER_BYTES:
         raise SnapshotCorrupt(f"{source}: torn snapshot header ({len(data)} bytes)")
     magic, version = bytes(data[:8]), struct.unpack_from(">H", data, 8)[0]
@@ -122,25 +143,30 @@ def _parse_header(data: bytes | bytearray | memoryview, source: str
         raise SnapshotCorrupt(f"{source}: bad magic {magic!r}")
     if version == SNAPSHOT_VERSION:
         _m, _v, _f, seq, meta_len, body_len, crc = _HEADER.unpack_from(data, 0)
-        return SNAPSHOT_HEADER_BYTES, None, seq, meta_len, body_len, crc
-    if version == SNAPSHOT_VERSION_SLOT:
-        if len(data) < SNAPSHOT_HEADER_BYTES_V2:
+        return SNAPSHOT_HEADER_BYTES, None, seq, meta_len, body_len, crc, 0
+    if version in (SNAPSHOT_VERSION_SLOT, SNAPSHOT_VERSION_LIVE):
+        if len(data) < _header_bytes(data):
             raise SnapshotCorrupt(f"{source}: torn snapshot header ({len(data)} bytes)")
-        _m, _v, _f, seq, slot, meta_len, body_len, crc = _HEADER_V2.unpack_from(data, 0)
-        return SNAPSHOT_HEADER_BYTES_V2, slot, seq, meta_len, body_len, crc
+        if version == SNAPSHOT_VERSION_SLOT:
+            _m, _v, _f, seq, slot, meta_len, body_len, crc = _HEADER_V2.unpack_from(data, 0)
+            return SNAPSHOT_HEADER_BYTES_V2, slot, seq, meta_len, body_len, crc, 0
+        _m, _v, _f, seq, slot, meta_len, body_len, live_len, crc = _HEADER_V3.unpack_from(data, 0)
+        return SNAPSHOT_HEADER_BYTES_V3, slot, seq, meta_len, body_len, crc, live_len
     raise SnapshotCorrupt(f"{source}: unsupported version {version}")
 
 
 def decode_snapshot(data: bytes, source: str = "<buffer>") -> Snapshot:
     """Verify and decode; raises ``SnapshotCorrupt`` naming ``source``."""
-    hdr, slot, seq, meta_len, body_len, crc = _parse_header(data, source)
-    if hdr + meta_len + body_len != len(data):
-        raise SnapshotCorrupt(f"{source}: header promises {hdr + meta_len + body_len} bytes, file has {len(data)}")
+    hdr, slot, seq, meta_len, body_len, crc, live_len = _parse_header(data, source)
+    if hdr + meta_len + body_len + live_len != len(data):
+        raise SnapshotCorrupt(f"{source}: header promises {hdr + meta_len + body_len + live_len} bytes, "
+                              f"file has {len(data)}")
     view = memoryview(data)
     if crc32c.crc32c(view[hdr:], crc32c.crc32c(view[: hdr - 4])) != crc:
         raise SnapshotCorrupt(f"{source}: checksum mismatch")
     meta_end = hdr + meta_len
-    return Snapshot(seq, bytes(view[hdr:meta_end]), bytes(view[meta_end:]), slot)
+    body_end = meta_end + body_len
+    return Snapshot(seq, bytes(view[hdr:meta_end]), bytes(view[meta_end:body_end]), slot, bytes(view[body_end:]))
 
 
 def _list(directory: str) -> list[tuple[tuple[int, int], str]]:
@@ -175,8 +201,9 @@ def write_snapshot(directory: str | os.PathLike[str], snap: Snapshot, *, keep: i
     makedirs_durable(directory)
     data = encode_snapshot(snap) if image is None else image
     # Pair assertion: what goes to disk decodes to the same header values.
-    _h, slot, seq, meta_len, body_len, _c = _parse_header(data, "encoded")
-    assert (seq, slot, meta_len, body_len) == (snap.seq, snap.slot, len(snap.meta), len(snap.body))
+    _h, slot, seq, meta_len, body_len, _c, live_len = _parse_header(data, "encoded")
+    assert (seq, slot, meta_len, body_len, live_len) == (snap.seq, snap.slot, len(snap.meta), len(snap.body),
+                                                         len(snap.live))
     path = os.path.join(directory, snapshot_name(snap.seq, snap.slot))
     tmp = path + ".tmp"
     write_file_synced(tmp, data)
@@ -254,7 +281,7 @@ def compactable_seq(directory: str | os.PathLike[str], *, keep: int = 2) -> int:
     if key[0] == 0:
         return key[1]
     with open(path, "rb") as f:
-        head = f.read(SNAPSHOT_HEADER_BYTES_V2)
+        head = f.read(SNAPSHOT_HEADER_BYTES_V3)
     try:
         return _parse_header(head, path)[2]
     except SnapshotCorrupt:
@@ -364,7 +391,7 @@ class SnapshotReceiver:
         self._total, self._total_crc = chunk.total, chunk.total_crc
         self._buf += chunk.data
         self._running_crc = crc32c.crc32c(chunk.data, self._running_crc)
-        if self.image and had < SNAPSHOT_HEADER_BYTES_V2:
+        if self.image and had < SNAPSHOT_HEADER_BYTES_V3:
             problem = self._header_problem()
             if problem is not None:
                 self._reset()
@@ -388,15 +415,14 @@ class SnapshotReceiver:
         """Once the header has arrived: does it describe exactly ``total`` bytes?"""
         buf, total = self._buf, self._total
         assert total is not None
-        need = SNAPSHOT_HEADER_BYTES_V2 if len(buf) >= 10 and struct.unpack_from(">H", buf, 8)[0] == 2 else SNAPSHOT_HEADER_BYTES
-        if len(buf) < need and len(buf) < total:
+        if len(buf) < _header_bytes(buf) and len(buf) < total:
             return None  # not all there yet
         try:
-            hdr, _slot, _seq, meta_len, body_len, _crc = _parse_header(buf, "received snapshot")
+            hdr, _slot, _seq, meta_len, body_len, _crc, live_len = _parse_header(buf, "received snapshot")
         except SnapshotCorrupt as e:
             return str(e)
         if meta_len > META_RECEIVE_BYTES_MAX:
             return f"metadata of {meta_len} bytes exceeds {META_RECEIVE_BYTES_MAX}"
-        if hdr + meta_len + body_len != total:
-            return f"header promises {hdr + meta_len + body_len} bytes, transfer claims {total}"
+        if hdr + meta_len + body_len + live_len != total:
+            return f"header promises {hdr + meta_len + body_len + live_len} bytes, transfer claims {total}"
         return None

@@ -29,6 +29,7 @@ Writing (all on one thread, the event loop's)::
     durable = wal.sync()                    # group commit: one commit marker, one fsync
     wal.durable_seq, wal.last_seq, wal.first_seq, wal.stats["fsyncs"]
     wal.compact(upto_seq)                   # drop whole segments <= upto_seq, oldest first
+    wal.restart_at(first_seq)               # after open: drop all, continue at first_seq
     wal.close()                             # sync (per mode), seal, release
     wal.abandon()                           # crash simulation: release without syncing
 
@@ -899,6 +900,34 @@ class WAL:
             del self._segments[0]
             removed += 1
         return removed
+
+    def restart_at(self, first_seq: int) -> None:
+        """Drop every record and continue the log at ``first_seq`` (> ``last_seq``): for
+        an owner whose snapshot restates all of them (its WAL lost records that the
+        snapshot covers). Only before the first append. Deletes the segments oldest
+        first, each deletion durable, then creates the new one: a crash on the way
+        leaves a suffix of the old log, or none, all of it below ``first_seq``."""
+        self._check_usable()
+        if first_seq <= self._last_seq:
+            raise ValueError(f"restart_at({first_seq}) must be past the last seq {self._last_seq}")
+        if self._ticket is not None or self._buf or self._durable_seq != self._last_seq:
+            raise WALError("restart_at() only right after open")
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            while self._segments:  # bounded by the number of segments
+                os.unlink(self._segments[0].path)
+                fsync_dir(self.directory)
+                del self._segments[0]
+        except BaseException as e:
+            self._failed = e
+            raise
+        self._last_seq = self._marked_seq = self._durable_seq = first_seq - 1
+        try:
+            self._create_segment(first_seq)
+        except BaseException as e:
+            self._failed = e
+            raise
 
     def close(self) -> None:
         """Write out the buffer and sync it (per the mode), seal the segment with a

@@ -196,3 +196,29 @@ def test_malformed_wire_chunks(raw):
     with pytest.raises(ChunkError) as e:
         Chunk.from_wire(raw)
     assert e.value.reason == "malformed"
+
+
+def test_a_snapshot_with_live_records_round_trips_and_transfers(tmp_path):
+    """Version 3: the owner's live records after the body, under the same checksum."""
+    from consensus.storage.snapshot import SNAPSHOT_HEADER_BYTES_V3, SnapshotReceiver, iter_chunks
+
+    s = Snapshot(41, b"meta", b"body" * 100, slot=7, live=b"live records")
+    data = encode_snapshot(s)
+    assert len(data) == SNAPSHOT_HEADER_BYTES_V3 + 4 + 400 + 12
+    assert decode_snapshot(data) == s
+    path = write_snapshot(tmp_path, s)
+    assert load_latest(tmp_path) == s and path.endswith("snap-slot-00000000000000000007.snap")
+    for offset in (SNAPSHOT_HEADER_BYTES_V3 + 2, len(data) - 1):  # meta and live records are checked too
+        bad = bytearray(data)
+        bad[offset] ^= 1
+        with pytest.raises(SnapshotCorrupt):
+            decode_snapshot(bytes(bad))
+    receiver = SnapshotReceiver(1 << 20)
+    got = None
+    for chunk in iter_chunks(data, 17):
+        got = receiver.feed(chunk)
+    assert got == data
+    plain = Snapshot(41, b"meta", b"body", slot=7)  # no live records: still version 2
+    assert encode_snapshot(plain)[8:10] == b"\x00\x02" and decode_snapshot(encode_snapshot(plain)) == plain
+    with pytest.raises(ValueError):
+        encode_snapshot(Snapshot(1, b"m", b"b", live=b"x"))  # live records need a slot

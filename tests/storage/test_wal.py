@@ -592,3 +592,29 @@ async def test_rotation_while_an_fsync_is_in_flight(tmp_path, monkeypatch):
     wal, recovered = reopen(tmp_path, segment_bytes_max=512)
     assert recovered == list(enumerate(ps, start=1))
     wal.close()
+
+
+def test_restart_at_drops_every_record_and_numbers_on_after_a_seq(tmp_path):
+    """For an owner whose snapshot restates all of the log (a WAL that lost records a
+    snapshot covers): the old segments go, appends continue at the given seq."""
+    wal, _ = WAL.open(tmp_path, segment_bytes_max=4096)
+    for i in range(40):
+        wal.append(b"x" * 200)
+    wal.sync()
+    assert len(wal.segment_paths) > 1
+    wal.close()
+    wal, records = WAL.open(tmp_path, segment_bytes_max=4096)
+    assert len(records) == 40
+    with pytest.raises(ValueError):
+        wal.restart_at(40)  # must be past the last seq
+    wal.restart_at(101)
+    assert (wal.last_seq, wal.durable_seq, wal.first_seq) == (100, 100, 101)
+    assert wal.append(b"new") == 101
+    wal.sync()
+    wal.close()
+    wal, records = WAL.open(tmp_path, segment_bytes_max=4096)
+    assert records == [(101, b"new")]
+    wal.append(b"more")
+    with pytest.raises(WALError):
+        wal.restart_at(500)  # only right after open
+    wal.close()
