@@ -96,7 +96,11 @@ the latest) → ``compact(meta)`` → write the live records to a fresh WAL segm
 delete older segments (keeping the previous snapshot file is fine: the live records
 also pair with it). For a peer's snapshot (``Ready.snapshot_from``): see
 ``install_snapshot``. A crash between any two steps is safe: the durable state is
-always some stored snapshot plus a WAL that covers everything above it.
+always some stored snapshot plus a WAL that covers everything above it. (The
+runtime, consensus/runtime/node.py, calls ``take_snapshot`` and ``compact(meta)`` on
+a forked copy of the replica instead, stores the live records in the snapshot file,
+and after the store calls ``compact(meta, live=False)`` here: the same floor, the
+previous snapshot's, since ``compact`` only ever drops to a stored one.)
 
 Safety: a compacted range is chosen, but its values are gone, so no answer from the
 log may pass it off as empty. ``CPrepare`` below ``floor_inst`` and ``VRequest``

@@ -24,10 +24,12 @@ is counted in its own ticks, so they must not run slower than real time). TESTIN
 changes.
 
 Snapshots: every ``snapshot_every`` executed slots the node asks the replica for a
-snapshot, writes it atomically (``consensus.storage.snapshot``), lets the replica compact its
-log and rewrites the still-needed ("live") records into the WAL so that older
-segments can be deleted. A replica asking for a snapshot (``Ready.snapshot_from``)
-pulls the peer's latest one in checksummed chunks.
+snapshot and its still-needed ("live") records (``compact``), both as of WAL seq
+``seq``, writes them atomically in one file (``consensus.storage.snapshot``), lets the
+replica drop its old log and deletes the WAL segments that only the older retained
+snapshot could still need. Recovery from such a snapshot replays its live records,
+then the WAL records after ``seq``. A replica asking for a snapshot
+(``Ready.snapshot_from``) pulls the peer's latest one in checksummed chunks.
 
 Startup errors (unusable data dir, identity mismatch, corrupt WAL, port in use) raise
 ``NodeError`` with one line a person can act on.
@@ -36,6 +38,7 @@ Startup errors (unusable data dir, identity mismatch, corrupt WAL, port in use) 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -391,6 +394,10 @@ class Node:
     this replica's time into the commands that need it. Either may be None (nothing to
     check or stamp)."""
 
+    # After each stored snapshot, gc.freeze(): set by a process that owns its collector
+    # (``cellar serve``, store.server.tune_gc), not by default (tests embed nodes).
+    gc_freeze = False
+
     def __init__(self, cfg: NodeConfig, sm_factory: Callable[[], Any], *,
                  validate: Callable[[Any], Any] | None = None,
                  stamp: Callable[[Any, int], Any] | None = None) -> None:
@@ -441,7 +448,12 @@ class Node:
         self._snap_child = 0  # pid of the forked child encoding our snapshot (0: none)
         self._snap_forks = 0
         self._snap_retry_at = 0.0  # the core had no snapshot to give: not before this
-        self._live_starts: deque = deque(maxlen=2)  # WAL seq where each kept snapshot's live records begin
+        # The WAL seq of each retained snapshot that carries its live records (None: an
+        # older one that does not: its WAL is kept whole), oldest first.
+        self._snap_seqs: deque = deque(maxlen=2)
+        # Per step of the snapshot path that runs on the event loop: the longest it took
+        # (ms of this thread's CPU time, so a descheduled process does not count).
+        self.snapshot_loop_ms: dict[str, float] = {}
         self._pull: tuple[int, SnapshotReceiver, float] | None = None
         # A peer's snapshot, fetched, waiting for the end of a _process turn to be installed.
         self._fetched: tuple[int, Snapshot, dict] | None = None
@@ -474,14 +486,37 @@ class Node:
         snap_dir = os.path.join(cfg.data_dir, "snapshots")
         makedirs_durable(snap_dir)
         snap = load_latest(snap_dir)
+        # A snapshot with live records restates every WAL record up to its seq: replay
+        # those records, then the WAL after seq. Without them: the whole WAL.
+        after = snap.seq if snap is not None and snap.live else 0
         snapshot = None
+        records = []
         if snap is not None:
             meta = msgpack.unpackb(snap.meta, raw=False, strict_map_key=False)
             snapshot = (meta, snap.body)
             self._snap_bytes = encode_snapshot(snap)
             self._snap_slot = meta.get("slot", 0)
-        records = []
+            self._snap_seqs.append(after or None)
+            if snap.live:
+                try:
+                    records = list(msgpack.unpackb(snap.live, raw=False, strict_map_key=False))
+                except Exception as e:
+                    raise NodeError(f"refusing to start: undecodable live records in the snapshot at slot "
+                                    f"{self._snap_slot} in {snap_dir}: {e}") from None
+        if after and self.wal.last_seq < after:
+            # The WAL lost records the snapshot restates (fsync never and a power loss):
+            # what it holds is all older than the snapshot. New records must come after
+            # seq, or the next recovery would skip them.
+            for _ in raw:  # the stream is consumed before the WAL changes
+                pass
+            raw = iter(())
+            try:
+                self.wal.restart_at(after + 1)
+            except (WALError, OSError) as e:
+                raise NodeError(f"cannot open the write-ahead log: {e}") from None
         for seq, payload in raw:
+            if seq <= after:
+                continue  # restated by the snapshot's live records
             try:
                 records.append(msgpack.unpackb(payload, raw=False, strict_map_key=False))
             except Exception as e:
@@ -1132,8 +1167,14 @@ class Node:
         if taken is None:
             return
         meta, state = taken
+        try:  # now, at the snapshot's seq (the previous snapshot, which it drops to, is stored)
+            live = replica.compact(meta)
+        except Exception as e:
+            self._core_failed("compact", e)
+            return
         self._snap_slot = meta["slot"]
-        snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"])
+        snap = Snapshot(self.wal.last_seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"],
+                        live=msgpack.packb(live, use_bin_type=True))
         self._snap_task = asyncio.get_running_loop().create_task(self._save_own_snapshot(snap, meta))
 
     def _fork_snapshot(self) -> None:
@@ -1149,17 +1190,23 @@ class Node:
         self._snap_forks += 1
         tmp = os.path.join(directory, f"snap-fork-{self._snap_forks}.snap.tmp")
         replica = self.replica
+        t0 = time.thread_time()
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
             try:
+                gc.disable()  # a collection would touch (copy) every page of the parent's heap
+                os.nice(10)  # the replicas' own loops come first on a busy machine
                 taken = replica.take_snapshot()
                 if taken is None:
                     code = 3
                 else:
                     meta, state = taken
+                    # The live records as of seq, from this copy: the parent only drops its
+                    # old log (compact(live=False)) and never writes them to its WAL.
+                    live = msgpack.packb(replica.compact(meta), use_bin_type=True)
                     write_file_synced(tmp, encode_snapshot(
-                        Snapshot(seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"])))
+                        Snapshot(seq, msgpack.packb(meta, use_bin_type=True), state, slot=meta["slot"], live=live)))
                     code = 0
             except BaseException:
                 try:
@@ -1168,6 +1215,7 @@ class Node:
                     pass
             finally:
                 os._exit(code)
+        self._loop_step("fork", t0)
         self._snap_child = pid
         self.stats["snapshot_forks"] += 1
         self._snap_task = asyncio.get_running_loop().create_task(self._save_forked_snapshot(pid, tmp, directory))
@@ -1213,7 +1261,8 @@ class Node:
         try:
             directory = os.path.join(self.cfg.data_dir, "snapshots")
             image = encode_snapshot(snap)
-            if await self._keep_snapshot(snap, meta, image, lambda: write_snapshot(directory, snap, keep=2, image=image)):
+            if await self._keep_snapshot(snap, meta, image, lambda: write_snapshot(directory, snap, keep=2, image=image),
+                                         compacted=True):
                 self.stats["snapshots_taken"] += 1
                 self._kick()
         except Exception as e:  # a failed write of durable state: never carry on
@@ -1223,13 +1272,16 @@ class Node:
             self._snap_task = None
 
     async def _keep_snapshot(self, snap: Snapshot, meta: dict, image: bytes, store: Callable[[], Any], *,
-                             installed: bool = False) -> bool:
-        """Store a snapshot (``store`` writes ``image``, in a worker thread), then let the
-        core compact and make its live records durable; False if we stopped on the way.
-        Our own snapshot is stored only once every record up to it is durable: its state
-        may reflect records not yet on disk (a slot executed on its own accept), and
-        stored before them it could outlive them after a power loss (review 9). A peer's
-        snapshot (``installed``) was durable at the peer."""
+                             installed: bool = False, compacted: bool = False) -> bool:
+        """Store a snapshot (``store`` writes ``image``, in a worker thread), let the core
+        drop its old log (unless ``compacted`` already, when its live records were
+        made), then delete the WAL segments no retained snapshot needs; False if we
+        stopped on the way. ``snap.live`` restates every record up to ``snap.seq``, so
+        nothing is appended to the WAL. Our own snapshot is stored only once every
+        record up to it is durable: its state may reflect records not yet on disk (a
+        slot executed on its own accept), and stored before them it could outlive them
+        after a power loss (review 9). A peer's snapshot (``installed``) was durable at
+        the peer, and its live records are ours, made while the core is frozen."""
         if not installed:
             await self.committer.durable(snap.seq)
             if self._down:
@@ -1239,28 +1291,36 @@ class Node:
             return False
         self._snap_bytes = image
         self._snap_slot = max(self._snap_slot, meta["slot"])
-        try:
-            live = self.replica.compact(meta)
-        except Exception as e:
-            self._core_failed("compact", e)
-            return False
-        await self._write_live(live, installed=installed)
+        if not compacted:
+            t0 = time.thread_time()
+            try:
+                self.replica.compact(meta, live=False)
+            except Exception as e:
+                self._core_failed("compact", e)
+                return False
+            self._loop_step("compact", t0)
+        t0 = time.thread_time()
+        if installed:  # the only snapshot now (keep=1)
+            self._snap_seqs.clear()
+        self._snap_seqs.append(snap.seq if snap.live else None)
+        # Keep what the older retained snapshot needs (load_latest may fall back to it):
+        # the records after its seq, or the whole WAL if it has no live records.
+        if len(self._snap_seqs) == 2 and self._snap_seqs[0] is not None:
+            self.wal.compact(self._snap_seqs[0])
+        self._loop_step("wal_compact", t0)
+        if self.gc_freeze:
+            # What survived until now (the state, the log) is long-lived: out of the
+            # collector's reach, so no collection walks it (docs/runtime.md, GC).
+            t0 = time.thread_time()
+            gc.freeze()
+            self._loop_step("gc_freeze", t0)
         return True
 
-    async def _write_live(self, live: list, installed: bool) -> None:
-        """Append the records ``compact`` returned, wait for their fsync, then drop the
-        WAL segments that only the older retained snapshot could still need."""
-        wal = self.wal
-        start = wal.last_seq + 1
-        if live:
-            wal.append_many([msgpack.packb(r, use_bin_type=True) for r in live])
-            await self.committer.durable(wal.last_seq)
-        if installed:
-            self._live_starts.clear()
-        self._live_starts.append(start)
-        # Keep what the older retained snapshot needs (load_latest may fall back to it).
-        if len(self._live_starts) == 2:
-            wal.compact(self._live_starts[0] - 1)
+    def _loop_step(self, name: str, t0: float) -> None:
+        """Record the CPU time this thread spent in one snapshot step since ``t0``."""
+        ms = (time.thread_time() - t0) * 1000.0
+        if ms > self.snapshot_loop_ms.get(name, -1.0):
+            self.snapshot_loop_ms[name] = round(ms, 3)
 
     def _install_fetched(self) -> None:
         """Step 4 of ``_process``: adopt the fetched snapshot and freeze the core until
@@ -1278,7 +1338,13 @@ class Node:
         if not installed:  # we got there by ourselves meanwhile
             return
         self._installing = True
-        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body, slot=meta["slot"])
+        try:  # the core is frozen from here until stored: these restate our log at last_seq
+            live = self.replica.compact(meta)
+        except Exception as e:
+            self._core_failed("compact", e)
+            return
+        mine = Snapshot(self.wal.last_seq, snap.meta, snap.body, slot=meta["slot"],
+                        live=msgpack.packb(live, use_bin_type=True))
         self._snap_task = asyncio.get_running_loop().create_task(self._store_installed(peer, mine, meta))
 
     async def _store_installed(self, peer: int, snap: Snapshot, meta: dict) -> None:
@@ -1288,7 +1354,7 @@ class Node:
             # between them): keep only it.
             image = encode_snapshot(snap)
             await self._keep_snapshot(snap, meta, image, lambda: write_snapshot(directory, snap, keep=1, image=image),
-                                      installed=True)
+                                      installed=True, compacted=True)
         except Exception as e:  # the core already moved on to state that is not durable
             if not self._down:
                 self._fail(f"storing the snapshot installed from node {peer} failed: {_describe(e)}", e)
@@ -1433,6 +1499,7 @@ class Node:
             st["transport"] = {k: v for k, v in sorted(self.transport.stats.items())}
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
         st["snapshot_slot"] = self._snap_slot
+        st["snapshot_loop_ms"] = dict(self.snapshot_loop_ms)
         st["loop"] = self.loop_lag.status(time.monotonic())
         if self._clock is not None:
             st["clock_control"] = dict(self._clock.status(), ticks=self._ticks_done)

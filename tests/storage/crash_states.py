@@ -195,11 +195,37 @@ def body_of(n: int) -> bytes:
     return json.dumps([item(i).hex() for i in range(1, n + 1)]).encode()
 
 
+def live_of(first: int, last: int) -> bytes:
+    """A snapshot's live records: the records of items ``first..last``."""
+    return json.dumps([record(i).hex() for i in range(first, last + 1)]).encode()
+
+
+def open_store(data: str, mode: str, seg: int, write_buffer_bytes_max: int = walmod.WRITE_BUFFER_BYTES_MAX_DEFAULT
+               ) -> tuple[WAL, Snapshot | None, Iterator[bytes]]:
+    """Recover as ``Node.open`` does: the latest snapshot, then (if it carries live
+    records) those records and the WAL records after its seq, else the whole WAL; a
+    WAL that ends below such a snapshot's seq goes on after it (``restart_at``).
+    Returns the WAL, the snapshot and the record payloads to replay, in order."""
+    makedirs_durable(data)
+    wal, records = WAL.open(os.path.join(data, "wal"), fsync=mode, segment_bytes_max=seg, stream=True,
+                            write_buffer_bytes_max=write_buffer_bytes_max)
+    snapdir = os.path.join(data, "snapshots")
+    makedirs_durable(snapdir)
+    snap = load_latest(snapdir)
+    after = snap.seq if snap is not None and snap.live else 0
+    payloads = [payload for seq, payload in records if seq > after]
+    if after and wal.last_seq < after:
+        wal.restart_at(after + 1)
+    live = [bytes.fromhex(h) for h in json.loads(snap.live)] if after else []
+    return wal, snap, itertools.chain(live, payloads)
+
+
 class Store:
     """The node's storage calls (consensus/runtime/node.py: open, _carry_out,
-    _save_own_snapshot, _store_installed, _write_live) over a logical log of items:
-    a WAL record carries an item index and its value, a snapshot the items up to
-    its slot."""
+    _fork_snapshot + _save_forked_snapshot, _store_installed) over a logical log of
+    items: a WAL record carries an item index and its value, a snapshot the items
+    up to its slot (the executed ones) and, as its live records, the records of the
+    items handed after them up to its seq (accepted, not executed)."""
 
     def __init__(self, root: str, rec: Recorder, fsync: str, segment_bytes_max: int,
                  write_buffer_bytes_max: int = walmod.WRITE_BUFFER_BYTES_MAX_DEFAULT) -> None:
@@ -208,22 +234,18 @@ class Store:
         self.seq_items: list[tuple[int, int]] = []  # (wal seq, items handed) after each put
         self.data = os.path.join(root, "data")
         self.snapdir = os.path.join(self.data, "snapshots")
-        self.live_starts: list[int] = []
+        self.snap_seqs: list[int | None] = []  # Node._snap_seqs
         self.wal: WAL | None = None
 
     def open(self) -> None:
-        makedirs_durable(self.data)
-        self.wal, records = WAL.open(os.path.join(self.data, "wal"), fsync=self.fsync,
-                                     segment_bytes_max=self.segment_bytes_max, stream=True,
-                                     write_buffer_bytes_max=self.write_buffer_bytes_max)
-        makedirs_durable(self.snapdir)
-        snap = load_latest(self.snapdir)
+        self.wal, snap, payloads = open_store(self.data, self.fsync, self.segment_bytes_max,
+                                              self.write_buffer_bytes_max)
         self.n = snap.slot if snap is not None else 0
-        for _seq, payload in records:
+        for payload in payloads:
             i = struct.unpack_from(">I", payload)[0]
             if i == self.n + 1:
                 self.n = i
-        self.live_starts = []
+        self.snap_seqs = [snap.seq if snap.live else None] if snap is not None else []
 
     def put(self, k: int) -> None:
         first = self.n + 1
@@ -252,33 +274,47 @@ class Store:
             self.wal.complete_sync(ticket)
         self._ack()
 
-    def snapshot(self, keep: int = 2) -> None:
-        snap = Snapshot(self.wal.last_seq, json.dumps({"slot": self.n}).encode(), body_of(self.n), slot=self.n)
-        write_snapshot(self.snapdir, snap, keep=keep)
-        self._write_live(installed=False)
+    def snapshot(self, keep: int = 2, during: int = 0, lag: int = 3, durable_first: bool = True) -> None:
+        """Our own snapshot, as the forked child and _save_forked_snapshot make it:
+        at seq = the last appended record, the items executed so far (all but the
+        last ``lag``) and the live records of the others; ``during`` more items are
+        appended (and synced) while the child works; stored once seq is durable
+        (``durable_first=False``: at once, so a crash may leave a WAL that ends
+        below seq, which ``restart_at`` handles); then the WAL segments that only
+        the older retained snapshot needed go."""
+        makedirs_durable(self.snapdir)
+        seq, executed = self.wal.last_seq, max(0, self.n - lag)
+        snap = Snapshot(seq, json.dumps({"slot": executed}).encode(), body_of(executed), slot=executed,
+                        live=live_of(executed + 1, self.n))
+        tmp = os.path.join(self.snapdir, f"snap-fork-{seq}.snap.tmp")
+        snapmod.write_file_synced(tmp, snapmod.encode_snapshot(snap))  # the child
+        if during:
+            self.put(during)
+            self.sync()
+        if durable_first and self.wal.durable_seq < seq:
+            self.sync()
+        snapmod.place_snapshot(self.snapdir, tmp, snap, keep=keep)
+        self._compact(snap.seq, installed=False)
 
     def install(self, upto: int) -> None:
-        """A peer's snapshot at item ``upto`` (ahead of us), as _store_installed does."""
+        """A peer's snapshot at item ``upto`` (ahead of us), as _store_installed does:
+        our live records at our last seq (here the last item's) go in the file."""
         self.rec.event("handed", upto)
-        snap = Snapshot(self.wal.last_seq, json.dumps({"slot": upto}).encode(), body_of(upto), slot=upto)
+        snap = Snapshot(self.wal.last_seq, json.dumps({"slot": upto}).encode(), body_of(upto), slot=upto,
+                        live=live_of(upto, upto))
         write_snapshot(self.snapdir, snap, keep=1)
         self.n = upto
-        self._write_live(installed=True)
+        self._compact(snap.seq, installed=True)
         self.rec.event("ack", self.n)
 
-    def _write_live(self, installed: bool) -> None:
-        start = self.wal.last_seq + 1
-        live = [record(i) for i in range(max(1, self.n - 1), self.n + 1)] if self.n else []
-        if live:  # records still needed on top of the snapshot, rewritten
-            self.wal.append_many(live)
-            self.wal.sync()
+    def _compact(self, seq: int, installed: bool) -> None:
         if installed:
-            self.live_starts.clear()
-        self.live_starts.append(start)
-        if len(self.live_starts) > 2:
-            del self.live_starts[0]
-        if len(self.live_starts) == 2:
-            self.wal.compact(self.live_starts[0] - 1)
+            self.snap_seqs.clear()
+        self.snap_seqs.append(seq)
+        if len(self.snap_seqs) > 2:
+            del self.snap_seqs[0]
+        if len(self.snap_seqs) == 2 and self.snap_seqs[0] is not None:
+            self.wal.compact(self.snap_seqs[0])
 
     def crash(self, write_buffer: bool = False) -> None:
         """The process dies (its page cache survives) and restarts."""
@@ -319,7 +355,7 @@ def sc_snapshot_compact(s: Store) -> None:
         s.put(15)
         s.sync()
         s.put(4)
-        s.snapshot()
+        s.snapshot(durable_first=False)
     s.put(5)
     s.sync()
 
@@ -332,6 +368,18 @@ def sc_compact_many(s: Store) -> None:
             s.sync()
         s.snapshot()
     s.put(6)
+    s.sync()
+
+
+def sc_snapshot_overlap(s: Store) -> None:
+    """Items appended while the child makes the snapshot (after its seq, before it
+    is stored); each compaction drops the segments below the older one's seq."""
+    for r in range(4):
+        s.put(13)
+        s.sync()
+        s.put(3)
+        s.snapshot(during=7)
+    s.put(4)
     s.sync()
 
 
@@ -371,6 +419,7 @@ SCENARIOS: dict[str, tuple[Scenario, str, int]] = {
     "batch-rotation": (sc_rotation, "batch", 12 << 10),
     "snapshot-compact": (sc_snapshot_compact, "batch", 6 << 10),
     "compact-many-segments": (sc_compact_many, "batch", 2 << 10),
+    "snapshot-overlap": (sc_snapshot_overlap, "batch", 3 << 10),
     "peer-install": (sc_install, "batch", 6 << 10),
     "restart": (sc_restart, "batch", 6 << 10),
     "never-process-crash": (sc_rotation, "never", 12 << 10),
@@ -644,26 +693,25 @@ def check_state(state: CrashState, root: str, mode: str, seg: int) -> str | None
     materialize(state, root)
     data = os.path.join(root, "data")
     try:
-        wal, records = WAL.open(os.path.join(data, "wal"), fsync=mode, segment_bytes_max=seg, stream=True)
+        wal, snap, payloads = open_store(data, mode, seg)
     except Exception as e:  # noqa: BLE001 - any refusal is a finding
         return f"refused to start: {e}"
     try:
-        snap = load_latest(os.path.join(data, "snapshots"))
         items: list[bytes] = []
         if snap is not None:
             items = [bytes.fromhex(h) for h in json.loads(snap.body)]
             if len(items) != snap.slot:
                 return f"snapshot at slot {snap.slot} holds {len(items)} items"
-        for seq, payload in records:
+        for k, payload in enumerate(payloads):
             i = struct.unpack_from(">I", payload)[0]
             value = payload[4:]
             if i <= len(items):
                 if items[i - 1] != value:
-                    return f"record seq {seq} restates item {i} with another value"
+                    return f"replayed record {k} restates item {i} with another value"
             elif i == len(items) + 1:
                 items.append(value)
             else:
-                return f"gap: record seq {seq} carries item {i} but only {len(items)} items precede it"
+                return f"gap: replayed record {k} carries item {i} but only {len(items)} items precede it"
         n = len(items)
         if any(items[k] != item(k + 1) for k in range(n)):
             return "an item came back with a value never written"
@@ -675,8 +723,8 @@ def check_state(state: CrashState, root: str, mode: str, seg: int) -> str | None
         wal.append(record(n + 1))
         wal.sync()
         wal.close()
-        wal, again = WAL.open(os.path.join(data, "wal"), fsync=mode, segment_bytes_max=seg)
-        if not again or again[-1][1] != record(n + 1):
+        wal, _snap, again = open_store(data, mode, seg)
+        if record(n + 1) not in list(again):
             return "an append after recovery did not survive a reopen"
     except Exception as e:  # noqa: BLE001
         return f"recovery raised {type(e).__name__}: {e}"

@@ -141,3 +141,12 @@ def test_it_catches_a_snapshot_loaded_without_syncing_its_folder(workdir, monkey
     failures = _failures(workdir, ["snapshot-compact"], crash_ats=[after_rename])
     assert any("gap" in f or "lost" in f for f in failures)
     assert os.path.isdir(workdir)
+
+
+def test_it_catches_new_records_numbered_below_the_snapshots_seq(workdir, monkeypatch):
+    """A snapshot with live records replaces the WAL records up to its seq; after a
+    power loss took WAL records it covers, the log must go on after that seq
+    (WAL.restart_at), or the next recovery skips what was appended since."""
+    monkeypatch.setattr(walmod.WAL, "restart_at", lambda self, first_seq: None)
+    failures = _failures(workdir, ["snapshot-compact"])
+    assert any("did not survive a reopen" in f and "[ext4" in f for f in failures)
