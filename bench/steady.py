@@ -91,6 +91,8 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             "snapshot_forks": sb.get("snapshot_forks", 0) - sa.get("snapshot_forks", 0),
             "pauses_50ms": lb.get("pauses_50ms", 0) - la.get("pauses_50ms", 0),
             "longest_pause_ms": round(worst_1s[i], 1),
+            # CPU ms of the loop thread in each snapshot step, the longest (status()).
+            "snapshot_loop_ms": b.get("snapshot_loop_ms", {}),
         })
     return {
         "replicas": replicas, "sessions": sessions, "seconds": round(load.seconds, 1), "fsync": fsync,

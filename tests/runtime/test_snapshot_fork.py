@@ -138,17 +138,26 @@ async def test_a_stopping_node_ends_its_snapshot_child(tmp_path):
 
 def test_the_steady_run_reports_pauses_view_changes_and_snapshots():
     """``cellar steady`` smoke: a short run on real replicas (the 10-minute figures are
-    in the note; timing bounds are not asserted here, only that the run and its
-    report work and that snapshots were made by forked children)."""
+    in docs/runtime.md). Wall-clock pauses are not asserted here (on a shared 2-core
+    machine the OS deschedules a replica for longer than any bound), but the pause
+    bound's own part is: every step a snapshot runs on a replica's event loop took
+    under 20 ms of that thread's CPU time (the node measures it; before the live
+    records moved to the child, encoding and appending them alone took 80 ms of CPU
+    per snapshot at 64,000 keys). test_snapshot_pause.py checks that the loop appends
+    nothing for a snapshot and never builds the live records."""
     import json
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "store.cli", "steady", "--seconds", "3", "--sessions", "8",
-                          "--snapshot-every", "200", "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "store.cli", "steady", "--seconds", "4", "--sessions", "8",
+                          "--snapshot-every", "150", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert r["writes_per_s"] > 0 and r["snapshots"] == "fork" and len(r["nodes"]) == 3
     assert all(n["reachable"] for n in r["nodes"])
     assert sum(n["snapshot_forks"] for n in r["nodes"]) >= 1
     assert {"view_changes", "p999_ms", "longest_gap_ms", "verdict"} <= set(r)
+    steps = {name: ms for n in r["nodes"] for name, ms in n["snapshot_loop_ms"].items()}
+    assert "fork" in steps, r["nodes"]  # the others once a snapshot was stored (the child is niced)
+    slow = {(n["id"], name): ms for n in r["nodes"] for name, ms in n["snapshot_loop_ms"].items() if ms >= 20}
+    assert not slow, f"snapshot steps over 20 ms of loop CPU: {slow}"
