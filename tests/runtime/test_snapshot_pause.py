@@ -27,8 +27,7 @@ from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
 from consensus.storage.snapshot import load_latest
 from store.server import free_ports
-
-WAIT_S = 30.0
+from tests.runtime.test_snapshot_fork import WAIT_S, _put, _until
 PAD = "." * 600  # 150 writes fill more than one 64 KiB WAL segment
 UNANSWERED: dict[str, str] = {}  # key -> the value of a write whose answer never came
 
@@ -65,17 +64,6 @@ def _die_like_a_killed_process(node: Node) -> None:
         node.committer._executor.shutdown(wait=True)
 
     node._close_storage = close_storage  # type: ignore[method-assign]
-
-
-async def _put(node: Node, seq: int, key: str, value: str) -> None:
-    status, result = await asyncio.wait_for(node.submit(clientwire.CALL, "t", seq, ["put", key, value]), WAIT_S)
-    assert status == clientwire.OK, result
-
-
-async def _until(pred, what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not pred():
-            await asyncio.sleep(0.01)
 
 
 async def _snapshot(nodes: list[Node], taken_before: int) -> None:
