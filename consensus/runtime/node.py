@@ -1191,6 +1191,11 @@ class Node:
         tmp = os.path.join(directory, f"snap-fork-{self._snap_forks}.snap.tmp")
         replica = self.replica
         t0 = time.thread_time()
+        if self.gc_freeze:
+            # Everything the child shares is out of the collector's reach: a young
+            # collection in this process while the child runs would otherwise write
+            # the headers of shared objects, copying their pages (copy-on-write).
+            gc.freeze()
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
