@@ -987,9 +987,9 @@ class Node:
            release hands the messages to the transport and writes them before the
            client replies. A failed fsync stops the node; nothing waiting is sent.
         4. **Install** a fetched peer snapshot, last (``_install_fetched``):
-           ``install_snapshot`` → store it durably → ``compact`` → append the live
-           records and wait for their fsync, with the core frozen from the install
-           to the end (no step, tick, propose or ``ready()``: peer envelopes are
+           ``install_snapshot`` → ``compact`` (our live records at the WAL's last
+           seq) → store both durably in one file, with the core frozen from the
+           install to the end (no step, tick, propose or ``ready()``: peer envelopes are
            held, ticks wait, clients hear "busy"). The next ``ready()``, whose output
            may rely on the installed state, therefore runs only once that state is
            durable (``consensus.core.ready``, the simulator's ``SimDisk`` order).
@@ -1262,9 +1262,9 @@ class Node:
                 pass
 
     async def _save_own_snapshot(self, snap: Snapshot, meta: dict) -> None:
-        """``take_snapshot`` (done) → store it durably → ``compact`` → live records
-        durable → drop WAL segments. The core keeps running meanwhile: ``compact``
-        restates whatever the log holds when it is called."""
+        """The on-loop path (``snapshot_fork = false``): ``take_snapshot`` and ``compact``
+        (done, at the snapshot's seq) → store the snapshot with its live records once
+        that seq is durable → drop WAL segments. The core keeps running meanwhile."""
         try:
             directory = os.path.join(self.cfg.data_dir, "snapshots")
             image = encode_snapshot(snap)
@@ -1365,7 +1365,7 @@ class Node:
 
     def _install_fetched(self) -> None:
         """Step 4 of ``_process``: adopt the fetched snapshot and freeze the core until
-        it is stored and compacted (``consensus.core.sdpaxos.install_snapshot``)."""
+        it is compacted and stored (``consensus.core.sdpaxos.install_snapshot``)."""
         assert self._fetched is not None
         peer, snap, meta = self._fetched
         self._fetched = None
