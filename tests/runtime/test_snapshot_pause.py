@@ -26,7 +26,7 @@ import consensus.runtime.node as node_mod
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node, NodeConfig
 from consensus.storage.snapshot import load_latest
-from store.server import free_ports
+from store.server import free_ports, make_node
 from tests.runtime.test_snapshot_fork import WAIT_S, _put, _until
 PAD = "." * 600  # 150 writes fill more than one 64 KiB WAL segment
 UNANSWERED: dict[str, str] = {}  # key -> the value of a write whose answer never came
@@ -48,7 +48,7 @@ def _configs(tmp_path) -> list[NodeConfig]:
 async def _start(cfgs: list[NodeConfig]) -> list[Node]:
     nodes = []
     for cfg in cfgs:
-        node = Node(cfg)
+        node = make_node(cfg)
         node.open()
         nodes.append(node)
     for node in nodes:
