@@ -60,13 +60,13 @@ def last_segment(data_dir: str) -> str | None:
 def vouched_end(path: str) -> int:
     """How far the segment's intact commit markers vouch it was durable (the largest
     ``durable_end`` of a valid marker; the header size if none), walking records and
-    markers from the header. Version-2 segments only (0 for anything else)."""
+    markers from the header. Versions 2 and 3 only, one layout (0 for anything else)."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < W.SEGMENT_HEADER_BYTES:
         return 0
     magic, version, _flags, _first, salt, _crc = W._SEGMENT_HEADER.unpack_from(data, 0)
-    if magic != W.SEGMENT_MAGIC or version != 2:
+    if magic != W.SEGMENT_MAGIC or version not in W.SEGMENTS_SAME_LAYOUT:
         return 0
     pos = claimed = W.SEGMENT_HEADER_BYTES
     size = len(data)

@@ -100,9 +100,16 @@ import crc32c
 log = logging.getLogger(__name__)
 
 SEGMENT_MAGIC = b"CELLRWAL"
-SEGMENT_VERSION = 2
-# Version 1 (no salt, no commit markers) is still read; its last segment is closed
-# at open and appends go to a new version-2 segment (docs/storage.md).
+SEGMENT_VERSION = 3
+# Version 3 has version 2's layout. It marks a data dir whose snapshots may restate
+# the WAL's older records (snapshot version 3, live records) and whose WAL may have
+# been compacted against them: a build that reads only versions 1 and 2 would skip
+# such a snapshot and replay a suffix of the log on an empty state, so it must
+# refuse the data dir, and it does, on the unknown segment version.
+SEGMENTS_SAME_LAYOUT = (2, 3)
+# Versions 1 (no salt, no commit markers) and 2 are still read; an older last
+# segment is closed at open and appends go to a new version-3 segment
+# (docs/storage.md).
 # v1 header: magic, version, flags, first_seq, crc32c of the 20 bytes before it.
 _SEGMENT_HEADER_V1 = struct.Struct(">8sHHQI")
 SEGMENT_HEADER_BYTES_V1 = _SEGMENT_HEADER_V1.size  # 24
@@ -315,7 +322,7 @@ def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple
             hdr = SEGMENT_HEADER_BYTES_V1
             if crc32c.crc32c(data[: hdr - 4]) != crc:
                 problem = "segment header checksum mismatch"
-        elif version == SEGMENT_VERSION:
+        elif version in SEGMENTS_SAME_LAYOUT:
             if size < SEGMENT_HEADER_BYTES:
                 problem = "segment header missing or torn"
             else:
@@ -323,7 +330,7 @@ def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple
                 if crc32c.crc32c(data[: hdr - 4]) != crc:
                     problem = "segment header checksum mismatch"
         else:
-            raise WALCorruption(path, 0, f"unsupported segment version {version} (this build reads 1 and 2)")
+            raise WALCorruption(path, 0, f"unsupported segment version {version} (this build reads 1 to 3)")
         if problem is None and header_seq != first_seq:
             raise WALCorruption(path, 0, f"segment header says first seq {header_seq}, file name says {first_seq}")
     if problem is None:
@@ -501,7 +508,7 @@ def _scan_segment(path: str, first_seq: int, is_last: bool, replay_from_seq: int
         return _scan_v1(path, data, first_seq, is_last, replay_from_seq)
     records, next_seq, valid_end, claimed, problem, bad_at = _walk_v2(data, salt, first_seq, replay_from_seq, collect)
     if problem is None:
-        return _SegmentScan(records, next_seq, valid_end, None, salt=salt, claimed_end=claimed)
+        return _SegmentScan(records, next_seq, valid_end, None, version=version, salt=salt, claimed_end=claimed)
     if not is_last:
         raise WALCorruption(path, bad_at, problem + " in a non-last (fully synced) segment")
     vouched = _claim_after(data, salt, valid_end, first_seq)
@@ -511,8 +518,8 @@ def _scan_segment(path: str, first_seq: int, is_last: bool, replay_from_seq: int
             f"{problem}, but the commit marker at offset {vouched[0]} says the segment was durable "
             f"up to offset {vouched[1]} (acknowledged data is damaged)",
         )
-    return _SegmentScan(records, next_seq, valid_end, f"{problem} (at offset {bad_at})", salt=salt,
-                        claimed_end=claimed)
+    return _SegmentScan(records, next_seq, valid_end, f"{problem} (at offset {bad_at})", version=version,
+                        salt=salt, claimed_end=claimed)
 
 
 # --- the log --------------------------------------------------------------------
@@ -644,7 +651,7 @@ class WAL:
             self._claimed_end = last_scan.claimed_end
             self._seg_records = last_scan.next_seq - seg.first_seq
         else:
-            if last_scan is not None:  # a version-1 last segment: closed, appends go to a new one
+            if last_scan is not None:  # an older last segment: closed, appends go to a new one
                 fd = os.open(self._segments[-1].path, os.O_RDONLY)
                 try:
                     self._fsync(fd)

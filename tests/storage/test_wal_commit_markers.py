@@ -221,6 +221,47 @@ def test_an_empty_version_1_last_segment_is_replaced(tmp_path):
     assert WAL.open(tmp_path)[1] == [(1, b"a")]
 
 
+def _version_of(path: str) -> int:
+    with open(path, "rb") as f:
+        return struct.unpack_from(">H", f.read(SEGMENT_HEADER_BYTES), 8)[0]
+
+
+def _set_version(path: str, version: int) -> None:
+    with open(path, "r+b") as f:
+        head = bytearray(f.read(SEGMENT_HEADER_BYTES))
+        head[8:10] = version.to_bytes(2, "big")
+        head[28:32] = crc32c.crc32c(bytes(head[:28])).to_bytes(4, "big")
+        f.seek(0)
+        f.write(head)
+
+
+def test_a_version_2_log_is_read_and_appends_go_to_a_new_version_3_segment(tmp_path):
+    """Version 3 is version 2's layout; the new number fences the data dir off from a
+    build that reads only 1 and 2 (it would replay a WAL compacted against version-3
+    snapshots on an empty state): the first open by this build closes a version-2
+    last segment and starts a version-3 one, before any such snapshot can exist."""
+    path, ps = batches(tmp_path, [2, 3], close=True)
+    assert _version_of(path) == walmod.SEGMENT_VERSION == 3
+    _set_version(path, 2)
+    wal, recovered = WAL.open(tmp_path)
+    assert [p for _, p in recovered] == ps
+    new = os.path.join(tmp_path, segment_name(6))
+    assert wal.segment_paths == [path, new] and _version_of(new) == 3 and _version_of(path) == 2
+    wal.append(b"new6")
+    wal.close()
+    wal, recovered = WAL.open(tmp_path)
+    assert [p for _, p in recovered] == ps + [b"new6"] and wal.segment_paths == [path, new]
+    wal.close()
+
+
+def test_an_empty_version_2_last_segment_is_replaced_by_a_version_3_one(tmp_path):
+    path, _ = batches(tmp_path, [], close=True)
+    _set_version(path, 2)
+    wal, recovered = WAL.open(tmp_path)
+    assert recovered == [] and len(wal.segment_paths) == 1 and _version_of(wal.segment_paths[0]) == 3
+    wal.close()
+
+
 def test_stream_replay_yields_the_same_records(tmp_path):
     wal, _ = WAL.open(tmp_path, segment_bytes_max=2048)
     ps = [bytes([i % 256]) * (i % 90) for i in range(300)]
