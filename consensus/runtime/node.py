@@ -60,8 +60,9 @@ from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolE
 from consensus.transport.tcp import PeerTransport
 from consensus.transport import tls
 from consensus.core.replica import ReplicaBase
-from consensus.storage.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, chunk_at, decode_snapshot, encode_snapshot,
-                            load_latest, place_snapshot, write_file_synced, write_snapshot)
+from consensus.storage.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, SnapshotUnsupported, chunk_at,
+                                        decode_snapshot, encode_snapshot, load_latest, place_snapshot,
+                                        write_file_synced, write_snapshot)
 from consensus.storage.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
 
 log = logging.getLogger("cellar.node")
@@ -240,6 +241,14 @@ def _read_snapshot_file(path: str) -> tuple[bytes, Snapshot]:
     with open(path, "rb") as f:
         data = f.read()
     return data, decode_snapshot(data, path)
+
+
+def _served_image(snap: Snapshot) -> bytes:
+    """What peers and ``cellar snapshot save`` get of ``snap``: meta and body, without
+    the live records (they restate our own acceptor state, which no receiver adopts):
+    a version-2 image, which builds before version 3 read too. Built in a worker
+    thread when a snapshot is stored (a copy and a checksum of the whole image)."""
+    return encode_snapshot(Snapshot(snap.seq, snap.meta, snap.body, slot=snap.slot))
 
 
 class _ClientConn(asyncio.Protocol):
@@ -446,7 +455,8 @@ class Node:
         self.loop_lag = LoopLag()
         self._snap_slot = 0
         self._snap_task: asyncio.Task | None = None
-        self._snap_bytes: bytes | None = None  # our latest snapshot, encoded (served to peers)
+        self._snap_bytes: bytes | None = None  # our latest snapshot, as served to peers (version 2)
+        self._releasing = 0  # old logs being freed a slice per loop turn (_release_later)
         self._snap_child = 0  # pid of the forked child encoding our snapshot (0: none)
         self._snap_forks = 0
         self._snap_retry_at = 0.0  # the core had no snapshot to give: not before this
@@ -487,16 +497,21 @@ class Node:
             raise NodeError(f"cannot open the write-ahead log: {e}") from None
         snap_dir = os.path.join(cfg.data_dir, "snapshots")
         makedirs_durable(snap_dir)
-        snap = load_latest(snap_dir)
+        try:
+            snap = load_latest(snap_dir)
+        except SnapshotUnsupported as e:
+            raise NodeError(f"refusing to start: {e}; a newer build wrote it (move the file away only if "
+                            f"it is damaged)") from None
         # A snapshot with live records restates every WAL record up to its seq: replay
         # those records, then the WAL after seq. Without them: the whole WAL.
         after = snap.seq if snap is not None and snap.live else 0
+        self._check_wal_reaches(snap, after)
         snapshot = None
         records = []
         if snap is not None:
             meta = msgpack.unpackb(snap.meta, raw=False, strict_map_key=False)
             snapshot = (meta, snap.body)
-            self._snap_bytes = encode_snapshot(snap)
+            self._snap_bytes = _served_image(snap)
             self._snap_slot = meta.get("slot", 0)
             self._snap_seqs.append(after or None)
             if snap.live:
@@ -529,6 +544,25 @@ class Node:
         self.replica = cls(cfg.node_id, self.pcfg, self.sm_factory(), records=records, rng=rng, **kwargs)
         log.info("node %d recovered %d WAL records%s", cfg.node_id, len(records),
                  f" on top of a snapshot at slot {self._snap_slot}" if snapshot else "")
+
+    def _check_wal_reaches(self, snap: Snapshot | None, after: int) -> None:
+        """Refuse to start on a WAL that no longer holds the records recovery needs:
+        every record after ``after`` (the snapshot's seq when it has live records;
+        the WAL is compacted only up to the older retained one's seq). A WAL that
+        starts later lost them: its older segments were compacted against snapshots
+        that are gone or damaged, and replaying it on top of what is left would start
+        a replica without acknowledged writes and promises. (A snapshot without live
+        records was written by a build that appended them to the WAL after it, so the
+        log may start anywhere below: nothing to check.)"""
+        first, last = self.wal.first_seq, self.wal.last_seq
+        if last < first or (snap is not None and not snap.live):
+            return  # an empty WAL (restart_at below handles one ending under `after`)
+        if first > after + 1:
+            where = (f"the snapshot at slot {snap.slot} restates only up to seq {after}" if snap is not None
+                     else "no intact snapshot restates them")
+            raise NodeError(f"refusing to start: the write-ahead log in {self.cfg.data_dir}/wal starts at seq "
+                            f"{first} and {where}: records {after + 1}..{first - 1} are missing (compacted "
+                            f"against a snapshot that is gone or damaged)")
 
     def _check_identity(self) -> None:
         cfg = self.cfg
@@ -1293,10 +1327,14 @@ class Node:
             await self.committer.durable(snap.seq)
             if self._down:
                 return False
-        await asyncio.get_running_loop().run_in_executor(None, store)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, store)
         if self._down:
             return False
-        self._snap_bytes = image
+        served = await loop.run_in_executor(None, _served_image, snap) if snap.live else image
+        if self._down:
+            return False
+        self._snap_bytes = served
         self._snap_slot = max(self._snap_slot, meta["slot"])
         if not compacted:
             t0 = time.thread_time()
@@ -1344,18 +1382,22 @@ class Node:
         """Drop ``held`` (``_hold_log``) ``RELEASE_SLICE`` entries per loop turn, from
         the end (the newest entries, most of them still in the core's log and cheap
         to let go of, go first; each slice is bounded either way)."""
-        if not held:
-            return
-        loop = asyncio.get_running_loop()
+        if held:
+            self._releasing += 1
+            asyncio.get_running_loop().call_soon(self._release_slice, held)
 
-        def release() -> None:
-            t0 = time.thread_time()
-            del held[-RELEASE_SLICE:]
-            self._loop_step("release", t0)
-            if held:
-                loop.call_soon(release)
-
-        loop.call_soon(release)
+    def _release_slice(self, held: list) -> None:
+        # A bound method with its list as an argument, not a closure that calls itself:
+        # such a closure is a reference cycle, and the gc.freeze() right after a
+        # snapshot would keep it (and its cells) out of the collector's reach for good
+        # once the release is done (review 16).
+        t0 = time.thread_time()
+        del held[-RELEASE_SLICE:]
+        self._loop_step("release", t0)
+        if held:
+            asyncio.get_running_loop().call_soon(self._release_slice, held)
+        else:
+            self._releasing -= 1
 
     def _loop_step(self, name: str, t0: float) -> None:
         """Record the CPU time this thread spent in one snapshot step since ``t0``."""

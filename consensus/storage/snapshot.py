@@ -84,6 +84,12 @@ class SnapshotCorrupt(Exception):
     """A snapshot file or buffer is torn or fails its checksum."""
 
 
+class SnapshotUnsupported(SnapshotCorrupt):
+    """A snapshot of a format version this build does not know: written by a newer
+    build. Never skipped as damage: the WAL beside it may have been compacted
+    against it (``load_latest`` raises it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     seq: int  # covered WAL seq: every record <= seq is reflected below
@@ -152,7 +158,7 @@ def _parse_header(data: bytes | bytearray | memoryview, source: str
             return SNAPSHOT_HEADER_BYTES_V2, slot, seq, meta_len, body_len, crc, 0
         _m, _v, _f, seq, slot, meta_len, body_len, live_len, crc = _HEADER_V3.unpack_from(data, 0)
         return SNAPSHOT_HEADER_BYTES_V3, slot, seq, meta_len, body_len, crc, live_len
-    raise SnapshotCorrupt(f"{source}: unsupported version {version}")
+    raise SnapshotUnsupported(f"{source}: unsupported snapshot version {version} (this build reads 1 to 3)")
 
 
 def decode_snapshot(data: bytes, source: str = "<buffer>") -> Snapshot:
@@ -244,7 +250,10 @@ def place_snapshot(directory: str, tmp: str, snap: Snapshot, *, keep: int = 2) -
 
 def load_latest(directory: str | os.PathLike[str]) -> Snapshot | None:
     """The newest snapshot that is intact, or None. Damaged newer files are skipped
-    with a warning (and left in place for inspection). The directory is fsynced
+    with a warning (and left in place for inspection); a file of a version this
+    build does not know raises ``SnapshotUnsupported`` (a newer build wrote it, and
+    may have compacted the WAL against it: skipping it could resume from an older
+    state and lose acknowledged writes). The directory is fsynced
     first (recovery's half of "a rename is durable only after its directory's
     fsync")."""
     directory = os.fspath(directory)
@@ -260,6 +269,8 @@ def load_latest(directory: str | os.PathLike[str]) -> Snapshot | None:
             snap = decode_snapshot(data, path)
             if not _name_matches(key, snap):
                 raise SnapshotCorrupt(f"{path}: header (seq {snap.seq}, slot {snap.slot}) does not match the file name")
+        except SnapshotUnsupported:
+            raise
         except SnapshotCorrupt as e:
             log.warning("snapshot: skipping damaged %s (%s); trying an older one", path, e)
             continue
