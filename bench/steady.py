@@ -11,8 +11,12 @@ ms or more per replica (the node's own lag monitor), snapshots taken, writes/s,
 p50/p99/p99.9/max latency and the longest time without a completed write.
 
     cellar steady --seconds 600                      # the 10-minute run of issue 16
+    cellar steady --seconds 600 --rate 4000          # the same, paced below saturation
     cellar steady --seconds 30 --snapshot-on-loop    # the old path, for comparison
 
+Unpaced, the sessions saturate the machine (3 replicas and the load generator on 2
+cores: every replica waits for a core, and those waits are loop pauses too);
+``--rate`` paces the load, so the pauses left are the replicas' own.
 ``--check`` exits 1 unless there was no view change, no pause of 50 ms or more and
 p99.9 <= 30 ms. Every loop stops by itself; the cluster is stopped by PID.
 """
@@ -41,7 +45,7 @@ async def _statuses(cellar: CellarClient) -> list[dict | None]:
 
 
 async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_every: int, keys: int,
-                     value_bytes: int, fsync: str, fork: bool, progress=None) -> dict[str, Any]:
+                     value_bytes: int, fsync: str, fork: bool, progress=None, rate: float = 0.0) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="cellar-steady-")
     conf = os.path.join(root, "node.toml")
     with open(conf, "w") as f:
@@ -73,7 +77,7 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             sampler = asyncio.create_task(sample())
             t_load = time.monotonic()
             load = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, keys=keys,
-                                  record_completions=True, on_progress=show)
+                                  record_completions=True, on_progress=show, rate=rate)
             await asyncio.wait_for(sampler, 10.0)
             last = await _statuses(cellar)
     finally:
@@ -95,7 +99,8 @@ async def run_steady(*, replicas: int, sessions: int, seconds: float, snapshot_e
             "snapshot_loop_ms": b.get("snapshot_loop_ms", {}),
         })
     return {
-        "replicas": replicas, "sessions": sessions, "seconds": round(load.seconds, 1), "fsync": fsync,
+        "replicas": replicas, "sessions": sessions, "rate": rate or None, "seconds": round(load.seconds, 1),
+        "fsync": fsync,
         "snapshot_every": snapshot_every, "snapshots": "fork" if fork else "loop",
         "writes_per_s": round(load.throughput(), 1), "errors": load.errors,
         "p50_ms": round(load.percentile(0.5), 2), "p99_ms": round(load.percentile(0.99), 2),
@@ -121,6 +126,8 @@ def verdict(result: dict[str, Any]) -> list[str]:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--replicas", type=click.Choice(["3", "5"]), default="3", show_default=True)
 @click.option("--sessions", type=click.IntRange(1, 4096), default=64, show_default=True, help="Closed-loop clients.")
+@click.option("--rate", type=click.FloatRange(0, 1_000_000), default=0.0, show_default=True,
+              help="Writes/s in all, paced (0: as fast as the sessions go, which saturates the machine).")
 @click.option("--seconds", type=click.FloatRange(1, 7200), default=60.0, show_default=True, help="Measured seconds.")
 @click.option("--snapshot-every", type=click.IntRange(1, 10_000_000), default=5000, show_default=True,
               help="Executed slots between snapshots.")
@@ -131,7 +138,8 @@ def verdict(result: dict[str, Any]) -> list[str]:
 @click.option("--snapshot-on-loop", is_flag=True, help="Take snapshots on the event loop (the old path), not in a child.")
 @click.option("--check", is_flag=True, help="Exit 1 unless: no view change, no pause >= 50 ms, p99.9 <= 30 ms.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON only.")
-def steady(replicas, sessions, seconds, snapshot_every, keys, value_bytes, fsync, snapshot_on_loop, check, as_json):
+def steady(replicas, sessions, rate, seconds, snapshot_every, keys, value_bytes, fsync, snapshot_on_loop, check,
+           as_json):
     """A steady write load with snapshots on: view changes, loop pauses per replica, p99.9."""
     install_loop()
     tune_gc()
@@ -146,7 +154,7 @@ def steady(replicas, sessions, seconds, snapshot_every, keys, value_bytes, fsync
     try:
         result = asyncio.run(run_steady(replicas=int(replicas), sessions=sessions, seconds=seconds,
                                         snapshot_every=snapshot_every, keys=keys, value_bytes=value_bytes,
-                                        fsync=fsync, fork=not snapshot_on_loop, progress=progress))
+                                        fsync=fsync, fork=not snapshot_on_loop, progress=progress, rate=rate))
     except (OSError, TimeoutError, asyncio.TimeoutError) as e:
         raise click.ClickException(f"the steady run failed: {e or type(e).__name__}") from None
     bad = verdict(result)
@@ -155,7 +163,8 @@ def steady(replicas, sessions, seconds, snapshot_every, keys, value_bytes, fsync
         click.echo(json.dumps(result))
     else:
         sys.stderr.write("\n")
-        click.echo(f"{result['replicas']} replicas, {result['sessions']} sessions, {result['seconds']} s, "
+        paced = f" paced to {rate:g} writes/s" if rate else ""
+        click.echo(f"{result['replicas']} replicas, {result['sessions']} sessions{paced}, {result['seconds']} s, "
                    f"snapshots every {result['snapshot_every']} slots ({result['snapshots']}), fsync {result['fsync']}")
         click.echo(f"writes/s {result['writes_per_s']:,}  errors {result['errors']}  p50 {result['p50_ms']} ms  "
                    f"p99 {result['p99_ms']} ms  p99.9 {result['p999_ms']} ms  max {result['max_ms']} ms  "

@@ -72,10 +72,14 @@ async def run_load(
     record_completions: bool = False,
     record_history: bool = False,
     on_progress=None,
+    rate: float = 0.0,
 ) -> LoadResult:
     """``sessions`` closed-loop clients for ``seconds``; each writes its own keys (so the
     last acknowledged value of each key is known) and reads random ones. Keys start
-    with ``key_prefix`` (several loads at once on one cluster, say one per site)."""
+    with ``key_prefix`` (several loads at once on one cluster, say one per site).
+    ``rate`` > 0 paces them to about ``rate`` commands/s in all: each session starts
+    a command at most every ``sessions / rate`` s (on a fixed schedule; a late one
+    goes at once, and the schedule does not bunch up to catch up)."""
     result = LoadResult()
     value = "x" * max(0, value_bytes - 8)
     stop_at = time.monotonic() + seconds
@@ -89,7 +93,16 @@ async def run_load(
         s = cellar.session()
         n = 0
         pid = idx  # history process; a new one after an indeterminate op (as Jepsen does)
+        interval = sessions / rate if rate > 0 else 0.0
+        next_at = time.monotonic() + rng.random() * interval  # sessions spread over one interval
         while time.monotonic() < stop_at:
+            if interval:
+                now = time.monotonic()
+                if next_at > now:
+                    await asyncio.sleep(min(next_at, stop_at) - now)  # the load's own schedule
+                    if time.monotonic() >= stop_at:
+                        break
+                next_at = max(next_at, now) + interval
             t0 = time.perf_counter()
             read = bool(read_fraction) and rng.random() < read_fraction
             if read:
