@@ -61,7 +61,7 @@ from consensus.transport.tcp import PeerTransport
 from consensus.transport import tls
 from consensus.core.replica import ReplicaBase
 from consensus.storage.snapshot import (Chunk, ChunkError, Snapshot, SnapshotReceiver, SnapshotUnsupported, chunk_at,
-                                        decode_snapshot, encode_snapshot, load_latest, place_snapshot,
+                                        decode_snapshot, encode_snapshot, keep_only, load_latest, place_snapshot,
                                         write_file_synced, write_snapshot)
 from consensus.storage.wal import WAL, GroupCommitter, WALCorruption, WALError, makedirs_durable
 
@@ -528,6 +528,7 @@ class Node:
                 pass
             raw = iter(())
             try:
+                keep_only(snap_dir, snap)  # the older snapshots need records this drops
                 self.wal.restart_at(after + 1)
             except (WALError, OSError) as e:
                 raise NodeError(f"cannot open the write-ahead log: {e}") from None
@@ -554,9 +555,9 @@ class Node:
         a replica without acknowledged writes and promises. (A snapshot without live
         records was written by a build that appended them to the WAL after it, so the
         log may start anywhere below: nothing to check.)"""
-        first, last = self.wal.first_seq, self.wal.last_seq
-        if last < first or (snap is not None and not snap.live):
-            return  # an empty WAL (restart_at below handles one ending under `after`)
+        first = self.wal.first_seq  # last_seq + 1 when empty: where the next record goes
+        if snap is not None and not snap.live:
+            return
         if first > after + 1:
             where = (f"the snapshot at slot {snap.slot} restates only up to seq {after}" if snap is not None
                      else "no intact snapshot restates them")

@@ -278,6 +278,18 @@ def load_latest(directory: str | os.PathLike[str]) -> Snapshot | None:
     return None
 
 
+def keep_only(directory: str | os.PathLike[str], snap: Snapshot) -> None:
+    """Delete every snapshot file in ``directory`` but ``snap``'s, durably (before
+    ``WAL.restart_at``: the older ones need WAL records the restart drops, and a
+    later fall-back to one of them would start without those records)."""
+    directory = os.fspath(directory)
+    keep = snapshot_name(snap.seq, snap.slot)
+    for _key, path in _list(directory):
+        if os.path.basename(path) != keep:
+            os.unlink(path)
+    fsync_dir(directory)
+
+
 def compactable_seq(directory: str | os.PathLike[str], *, keep: int = 2) -> int:
     """The highest seq the WAL may be compacted up to: the oldest of the ``keep``
     retained snapshots, once there are that many (else 0: keep the whole log, since

@@ -191,8 +191,11 @@ def encode_commit(salt: int, last_seq: int, batch_bytes: int, batch_crc: int, du
     return _COMMIT_TAG_BYTES + _marker_crc(salt, body).to_bytes(4, "big") + body
 
 
-def _encode_segment_header(first_seq: int, salt: int) -> bytes:
-    head = struct.pack(">8sHHQQ", SEGMENT_MAGIC, SEGMENT_VERSION, 0, first_seq, salt)
+FLAG_RESTART = 1  # restart_at made this segment: every segment before it is obsolete
+
+
+def _encode_segment_header(first_seq: int, salt: int, flags: int = 0) -> bytes:
+    head = struct.pack(">8sHHQQ", SEGMENT_MAGIC, SEGMENT_VERSION, flags, first_seq, salt)
     return head + struct.pack(">I", crc32c.crc32c(head))
 
 
@@ -605,6 +608,30 @@ class WAL:
             if m:
                 found.append(_Segment(int(m.group(1)), os.path.join(self.directory, name)))
         found.sort(key=lambda s: s.first_seq)
+        if len(found) > 1:  # a torn creation of the last segment (maybe restart_at's): gone first
+            with open(found[-1].path, "rb") as f:
+                data = f.read()
+            try:
+                torn = _read_header(found[-1].path, data, found[-1].first_seq, True) is None
+            except WALCorruption:
+                torn = False
+            if torn:
+                os.unlink(found.pop().path)
+                fsync_dir(self.directory)
+        # An interrupted restart_at: its new segment (intact header, FLAG_RESTART) is
+        # durable; the segments before it are obsolete: finish deleting them.
+        for i in range(len(found) - 1, 0, -1):
+            with open(found[i].path, "rb") as f:
+                head = f.read(SEGMENT_HEADER_BYTES)
+            if len(head) == SEGMENT_HEADER_BYTES:
+                m, v, fl, fs, salt, crc = _SEGMENT_HEADER.unpack(head)
+                if (m == SEGMENT_MAGIC and v in SEGMENTS_SAME_LAYOUT and fl & FLAG_RESTART and fs == found[i].first_seq
+                        and crc32c.crc32c(head[:-4]) == crc):
+                    for seg in found[:i]:
+                        os.unlink(seg.path)
+                        fsync_dir(self.directory)
+                    found = found[i:]
+                    break
 
         records: list[tuple[int, bytes]] = []
         replay: list[tuple[_Segment, int]] = []  # stream: (segment, first seq) to re-read
@@ -802,10 +829,10 @@ class WAL:
             self._failed = e
             raise
 
-    def _create_segment(self, first_seq: int) -> None:
+    def _create_segment(self, first_seq: int, flags: int = 0) -> None:
         path = os.path.join(self.directory, segment_name(first_seq))
         salt = int.from_bytes(os.urandom(8), "big")
-        header = _encode_segment_header(first_seq, salt)
+        header = _encode_segment_header(first_seq, salt, flags)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_all(fd, header)
@@ -919,22 +946,21 @@ class WAL:
             raise ValueError(f"restart_at({first_seq}) must be past the last seq {self._last_seq}")
         if self._ticket is not None or self._buf or self._durable_seq != self._last_seq:
             raise WALError("restart_at() only right after open")
+        # The new (version-3, FLAG_RESTART) segment first, then the old ones: the data
+        # dir is never without a version-3 segment (the fence), and recovery finishes
+        # an interrupted restart (WAL._recover).
+        old_segments, self._segments = self._segments, []
         try:
             os.close(self._fd)
             self._fd = -1
-            while self._segments:  # bounded by the number of segments
-                os.unlink(self._segments[0].path)
+            self._create_segment(first_seq, FLAG_RESTART)
+            for seg in old_segments:  # bounded by the number of segments
+                os.unlink(seg.path)
                 fsync_dir(self.directory)
-                del self._segments[0]
         except BaseException as e:
             self._failed = e
             raise
         self._last_seq = self._marked_seq = self._durable_seq = first_seq - 1
-        try:
-            self._create_segment(first_seq)
-        except BaseException as e:
-            self._failed = e
-            raise
 
     def close(self) -> None:
         """Write out the buffer and sync it (per the mode), seal the segment with a

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import consensus.storage.snapshot as snapmod
 import consensus.storage.wal as walmod
-from consensus.storage.snapshot import Snapshot, load_latest, write_snapshot
+from consensus.storage.snapshot import Snapshot, keep_only, load_latest, write_snapshot
 from consensus.storage.wal import WAL, makedirs_durable
 
 PAGE = 4096
@@ -209,13 +209,18 @@ def open_store(data: str, mode: str, seg: int, write_buffer_bytes_max: int = wal
     makedirs_durable(data)
     wal, records = WAL.open(os.path.join(data, "wal"), fsync=mode, segment_bytes_max=seg, stream=True,
                             write_buffer_bytes_max=write_buffer_bytes_max)
-    snapdir = os.path.join(data, "snapshots")
-    makedirs_durable(snapdir)
-    snap = load_latest(snapdir)
-    after = snap.seq if snap is not None and snap.live else 0
-    payloads = [payload for seq, payload in records if seq > after]
-    if after and wal.last_seq < after:
-        wal.restart_at(after + 1)
+    try:  # a crash injected below ends this process: its WAL (and lock) with it
+        snapdir = os.path.join(data, "snapshots")
+        makedirs_durable(snapdir)
+        snap = load_latest(snapdir)
+        after = snap.seq if snap is not None and snap.live else 0
+        payloads = [payload for seq, payload in records if seq > after]
+        if after and wal.last_seq < after:
+            keep_only(snapdir, snap)
+            wal.restart_at(after + 1)
+    except BaseException:
+        wal.abandon()
+        raise
     live = [bytes.fromhex(h) for h in json.loads(snap.live)] if after else []
     return wal, snap, itertools.chain(live, payloads)
 

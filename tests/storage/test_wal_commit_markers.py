@@ -262,6 +262,51 @@ def test_an_empty_version_2_last_segment_is_replaced_by_a_version_3_one(tmp_path
     wal.close()
 
 
+def test_restart_at_makes_its_segment_before_it_deletes_the_old_ones(tmp_path, monkeypatch):
+    """A crash after restart_at's new segment (version 3, FLAG_RESTART) is durable and
+    before every old segment is gone: the next open finishes the restart."""
+    wal, _ = WAL.open(tmp_path, segment_bytes_max=4096)
+    wal.append_many([b"r" * 200] * 40)  # several segments
+    wal.close()
+    wal, _ = WAL.open(tmp_path, segment_bytes_max=4096)
+    old = list(wal.segment_paths)
+    assert len(old) > 2
+    real_unlink, calls = os.unlink, [0]
+
+    def unlink(path, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError("the process dies here")
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(walmod.os, "unlink", unlink)
+    with pytest.raises(OSError):
+        wal.restart_at(100)
+    monkeypatch.undo()
+    wal._release_lock()  # the process is gone: its lock with it
+    assert os.path.exists(os.path.join(tmp_path, segment_name(100))) and os.path.exists(old[-1])
+    wal, recovered = WAL.open(tmp_path, segment_bytes_max=4096)
+    assert recovered == [] and wal.segment_paths == [os.path.join(tmp_path, segment_name(100))]
+    assert wal.first_seq == 100 and wal.last_seq == 99
+    assert wal.append(b"after") == 100
+    wal.close()
+    assert WAL.open(tmp_path)[1] == [(100, b"after")]
+
+
+def test_a_torn_restart_segment_leaves_the_old_log(tmp_path):
+    """restart_at's segment torn at creation (zeros): deleted at open like any torn
+    creation; the old segments are the log again (and the node restarts again)."""
+    wal, _ = WAL.open(tmp_path)
+    wal.append_many([b"a", b"b", b"c"])
+    wal.close()
+    with open(os.path.join(tmp_path, segment_name(10)), "wb") as f:
+        f.write(bytes(SEGMENT_HEADER_BYTES))
+    wal, recovered = WAL.open(tmp_path)
+    assert [p for _, p in recovered] == [b"a", b"b", b"c"]
+    assert not os.path.exists(os.path.join(tmp_path, segment_name(10)))
+    wal.close()
+
+
 def test_stream_replay_yields_the_same_records(tmp_path):
     wal, _ = WAL.open(tmp_path, segment_bytes_max=2048)
     ps = [bytes([i % 256]) * (i % 90) for i in range(300)]
