@@ -133,7 +133,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
-             "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control"}
+             "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control", "straggler_floor_ms"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -159,7 +159,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
                            ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
                            ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
                            ("machine", "machine", str), ("clients_max", "clients_max", int),
-                           ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float)):
+                           ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float),
+                           ("straggler_floor_ms", "straggler_floor_ms", float)):
         if key in raw:
             try:
                 setattr(cfg, attr, typ(raw[key]))

@@ -788,13 +788,39 @@ MUTANTS: list[Mutant] = [
         name="straggler-best-zero",
         file=SDP,
         old="""\
-        best = max(self._best_ready, 1)
+        best = max(self._best_ready, 1, self.cfg.straggler_floor_ticks)
 """,
         new="""\
-        best = self._best_ready
+        best = max(self._best_ready, self.cfg.straggler_floor_ticks - 1)
 """,
         rule="paper §4 straggler: an instance answered within its tick took up to one tick",
         description="with a best of 0 ticks, two ticks of queueing on a busy machine make a slow window",
+    ),
+    Mutant(
+        name="straggler-served-without-lateness",
+        file=SDP,
+        old="""\
+            return late(times_best) or (demand and served * served_den < base * served_num and late(1))
+""",
+        new="""\
+            return late(times_best) or (demand and served * served_den < base * served_num)
+""",
+        rule="paper §4 straggler: fewer O-slots than the healthy rate counts only when my instances are late",
+        description="a replica whose demand falls (clients gone, bigger batches under load) blames a healthy "
+                    "sequencer: view changes under load alone",
+    ),
+    Mutant(
+        name="straggler-floor-ignored",
+        file=SDP,
+        old="""\
+        best = max(self._best_ready, 1, self.cfg.straggler_floor_ticks)
+""",
+        new="""\
+        best = max(self._best_ready, 1)
+""",
+        rule="paper §4 straggler: queueing every replica suffers (below the configured floor) is no slow sequencer",
+        description="on loopback the best is 0-1 tick: a saturated machine's 50-120 ms of queueing deposes a "
+                    "healthy sequencer under load alone",
     ),
 ]
 

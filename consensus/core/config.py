@@ -80,6 +80,13 @@ class ProtocolConfig:
     straggler_strikes: int = 3
     straggler_agree_strikes: int = 2
     straggler_cooldown_ticks: int = 1000
+    # The shortest ready time a window's mean is held against: the fastest this
+    # replica has seen, but never below this. 1 is the clock's resolution (an
+    # instance answered within its tick took up to one tick). The runtime sets it
+    # from real time (NodeConfig.straggler_floor_ms): on loopback the fastest is
+    # 0-1 tick, and a saturated machine's own queueing (every replica's loop late by
+    # tens of ms) would otherwise look like a slow sequencer and depose it.
+    straggler_floor_ticks: int = 1
     peer_order: tuple[tuple[int, ...], ...] = field(default=())
     # Probe every peer every heartbeat_ticks and order peers by the measured round trips.
     # Off only where delivery times mean nothing (the explorer picks every delivery).

@@ -1848,17 +1848,23 @@ class SDPaxosReplica(ReplicaBase):
         enough = count >= self.cfg.straggler_min_demand
         # An instance answered within the tick it was proposed in took up to one tick
         # (the clock's resolution): a best of 0 would make two ticks of queueing on a
-        # busy machine look like a slow sequencer.
-        best = max(self._best_ready, 1)
+        # busy machine look like a slow sequencer. And never below the configured
+        # floor: queueing that every replica suffers is no sign of a slow sequencer.
+        best = max(self._best_ready, 1, self.cfg.straggler_floor_ticks)
         served, base = self._window_served, self._served_baseline
         demand = bool(self.unready) and base >= self.cfg.straggler_min_demand
+
+        def late(times_best: int) -> bool:
+            return enough and total > count * (times_best * best + 2)
 
         def worse(times_best: int, served_num: int, served_den: int) -> bool:
             # Signal 1: my instances took times_best x my best (+ 2 ticks) to become
             # ready. Signal 2 (the paper's): the O-slots served for me fell below
-            # served_num/served_den of my healthy rate while I had commands waiting.
-            return (enough and total > count * (times_best * best + 2)) or (
-                demand and served * served_den < base * served_num)
+            # served_num/served_den of my healthy rate while I had commands waiting,
+            # and they were late at all (above my best + 2 ticks): served below the
+            # healthy rate with instances as fast as ever is my demand falling
+            # (clients gone, or bigger batches on a loaded machine), not the sequencer.
+            return late(times_best) or (demand and served * served_den < base * served_num and late(1))
 
         slow = worse(3, 1, 2)
         # The same signals, milder: the window is doubtful. Only a run of doubtful

@@ -141,6 +141,11 @@ class NodeConfig:
     fsync: str = "batch"
     tick_ms: float = 10.0
     heartbeat_ms: float = 100.0
+    # Straggler detection holds the sequencer to the fastest ready time a replica has
+    # seen, but never below this (ProtocolConfig.straggler_floor_ticks): on loopback
+    # the fastest is about 0, and a saturated machine's queueing is not a slow
+    # sequencer. One heartbeat: below the wide-area round trips where it matters.
+    straggler_floor_ms: float = 100.0
     election_ms: float = 500.0
     lease_ms: float = 500.0
     batch_max: int = 2048
@@ -186,6 +191,7 @@ class NodeConfig:
             lease_ticks=ticks(self.lease_ms),
             resend_ticks=ticks(self.election_ms),
             recovery_ticks=ticks(self.election_ms),
+            straggler_floor_ticks=ticks(self.straggler_floor_ms),
         )
 
     def validate(self) -> None:
@@ -214,6 +220,8 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value < 1e9:
                 raise NodeError(f"{name} must be a number of seconds > 0, not {value!r}")
+        if not isinstance(self.straggler_floor_ms, (int, float)) or not 0 <= self.straggler_floor_ms < 1e7:
+            raise NodeError(f"straggler_floor_ms must be a number of milliseconds >= 0, not {self.straggler_floor_ms!r}")
         if self.fsync not in ("always", "batch", "never"):
             raise NodeError(f"unknown fsync mode {self.fsync!r} (always, batch or never)")
         if not 0 <= self.initial_sequencer < n:

@@ -433,9 +433,10 @@ class Cluster:
 
     def do_cluster(self, args: list, out: list) -> None:
         """cluster n=3 [protocol=sdpaxos|multipaxos] [heartbeat=2 election=10 lease=8 resend=6 recovery=4]
-        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1] [rtt=fixed|measure] [straggler=W]: a fresh
-        cluster (R0 serves view 0.0); rtt=measure: replicas probe each other and order their peers by round
-        trip; straggler=W: each replica judges the sequencer every W ticks (paper §4)."""
+        [thrifty=true] [elections=manual|auto] [peers=1,2/2,0/0,1] [rtt=fixed|measure] [straggler=W [floor=F]]:
+        a fresh cluster (R0 serves view 0.0); rtt=measure: replicas probe each other and order their peers by
+        round trip; straggler=W: each replica judges the sequencer every W ticks (paper §4), holding it to its
+        fastest ready time but at least F ticks (default 1)."""
         kv, rest = self._kv(args)
         if rest:
             raise CommandError(f"unexpected {rest}")
@@ -460,6 +461,8 @@ class Cluster:
         if "straggler" in kv:
             straggler = {"straggler_window_ticks": int(kv.pop("straggler")), "straggler_min_demand": 1,
                          "straggler_cooldown_ticks": 0}
+            if "floor" in kv:
+                straggler["straggler_floor_ticks"] = int(kv.pop("floor"))
         rtt = kv.pop("rtt", "fixed")  # fixed: peer_order as given; measure: probes and echoes
         if rtt not in ("fixed", "measure"):
             raise CommandError(f"rtt={rtt!r}: want fixed or measure")

@@ -15,7 +15,12 @@ noisy window (its served count dipped under 70 % of its baseline once). The rule
 - a vote counts for two windows (``test_a_stale_vote_does_not_count``, N=5);
 - an answer within the tick it was proposed in took up to one tick, so a best of 0
   ticks does not make two ticks of queueing look slow
-  (``test_a_best_of_zero_ticks_is_one_tick``).
+  (``test_a_best_of_zero_ticks_is_one_tick``);
+- the best is held at a configured floor (``straggler_floor_ticks``; the runtime's
+  ``straggler_floor_ms``, one heartbeat): on loopback the best is about 0 and a
+  saturated 2-core machine made every replica's instances wait 50-120 ms, which
+  deposed healthy sequencers under load alone
+  (``test_the_floor_holds_queueing_below_it_and_not_a_slow_sequencer``).
 
 Each is a schedule over the real replica objects (``consensus.sim.transcript``'s
 cluster: lockstep ticks, a FIFO network); links are cut to make one replica's
@@ -131,3 +136,58 @@ def test_a_best_of_zero_ticks_is_one_tick():
     w = judged(c, 2)["last_window"]
     assert w["instances"] == 2 and w["ticks"] >= 6, w
     assert judged(c, 2)["strikes"] == 0
+
+
+def _one_late_window(floor: int, wait: int) -> dict:
+    """A healthy history (best 0), then one window in which R2's one instance waits
+    ``wait`` ticks before anything is delivered; R2's judgment of that window."""
+    c = Cluster()
+    c.run(f"cluster n=3 straggler=40 floor={floor}")
+    for r in (1, 2):
+        c.run(f"propose {r} put k{r} v")
+    c.run("stabilize")
+    rep = c.reps[2]
+    while rep.now % 40 or rep.now == 0:
+        c.run("run 1")
+    assert c.reps[2].status()["straggler"]["best_ready_ticks"] == 0
+    c.run(f"propose 2 put y {rep.now}")
+    c.run(f"tick {wait}")  # in flight, not delivered: every replica late alike
+    c.run("run 1")
+    while rep.now % 40:
+        c.run("run 1")
+    st = rep.status()["straggler"]
+    assert st["last_window"]["instances"] == 1 and st["last_window"]["ticks"] >= wait, st
+    return st
+
+
+def test_the_floor_holds_queueing_below_it_and_not_a_slow_sequencer():
+    # Without a floor (1, the clock's resolution) a 6-tick wait is slow: 6 > 3 x 1 + 2.
+    assert _one_late_window(floor=1, wait=6)["strikes"] == 1
+    # Held to a floor of 4 ticks it is neither slow (3 x 4 + 2) nor doubtful (2 x 4 + 2).
+    st = _one_late_window(floor=4, wait=6)
+    assert st["strikes"] == 0 and st["doubts"] == 0, st
+    # A sequencer slower than the floor allows is still judged slow.
+    assert _one_late_window(floor=4, wait=16)["strikes"] == 1
+
+
+def test_served_below_the_healthy_rate_with_fast_instances_is_my_demand_falling():
+    """R2 proposes 4 instances a window (its healthy rate), then 1: far fewer O-slots
+    served than its baseline, while the one it asked for was ordered at once and the
+    one in flight at the window's end is young. That is R2's demand falling (clients
+    gone, or bigger batches on a loaded machine: fewer instances for the same
+    commands), and it deposed healthy sequencers on a saturated machine when the load
+    shifted; the served signal counts only when R2's instances are late at all."""
+    c = cluster()
+    rep = c.reps[2]
+    for _ in range(6):  # the healthy rate: 4 a window
+        window(c, (2, 2, 2, 2))
+    assert judged(c, 2)["served_baseline"] >= 3, judged(c, 2)
+    c.run(f"propose 2 put z1 {rep.now}")  # ordered at once
+    while rep.now % WINDOW != WINDOW - 1:
+        c.run("run 1")
+    c.run(f"propose 2 put z2 {rep.now}")
+    c.run("tick 1")  # in flight when the window closes: demand, one tick old
+    st = judged(c, 2)
+    w = st["last_window"]
+    assert w["served"] * 2 < st["served_baseline"] and w["instances"] == 2, st
+    assert st["strikes"] == 0 and st["doubts"] == 0, st
