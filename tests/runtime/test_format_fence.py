@@ -19,6 +19,7 @@ Now:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -42,10 +43,11 @@ BASE = "d59f900"  # the last build before version-3 snapshots
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-async def _data_dirs(tmp_path, snapshots: int = 3, puts: int = 120) -> tuple[list, dict[str, str]]:
+async def _data_dirs(tmp_path, snapshots: int = 3, puts: int = 120, fsync: str = "batch"
+                     ) -> tuple[list, dict[str, str]]:
     """Three replicas, ``snapshots`` rounds of writes and a snapshot on each (from the
     2nd on, the WAL is compacted); stopped. Returns (configs, acknowledged writes)."""
-    cfgs = _configs(tmp_path)
+    cfgs = [dataclasses.replace(c, fsync=fsync) for c in _configs(tmp_path)]
     nodes = await _start(cfgs)
     acked: dict[str, str] = {}
     seq = 0
@@ -94,10 +96,25 @@ async def test_a_compacted_data_dir_is_fenced_off_from_a_reader_of_versions_1_an
         WAL.open(os.path.join(cfg.data_dir, "wal"))
 
 
-@pytest.mark.slow
-async def test_the_build_before_refuses_a_data_dir_of_this_one(tmp_path):
-    """d59f900 itself, from this repository's history (git archive), on a data dir of
-    this build: it refuses with one line instead of starting without writes."""
+OLD_OPEN = r"""
+import json, sys
+from consensus.runtime.node import Node, NodeConfig, NodeError
+cfg = json.loads(sys.argv[1])
+c = NodeConfig(node_id=cfg["node_id"], peers={int(k): tuple(v) for k, v in cfg["peers"].items()},
+               client_address=tuple(cfg["client_address"]), data_dir=cfg["data_dir"], snapshot_every=0)
+try:
+    n = Node(c)
+    n.open()
+except NodeError as e:
+    print(json.dumps({"refused": str(e), "keys": 0}))
+else:
+    print(json.dumps({"refused": None, "keys": len(n.replica.executor.sm.data)}))
+"""
+
+
+def open_with_the_build_before(tmp_path, cfg) -> dict:
+    """``cfg``'s data dir opened by d59f900 itself, from this repository's history
+    (git archive) in a process of its own: ``{"refused": line or None, "keys": n}``."""
     try:
         archive = subprocess.run(["git", "-C", REPO, "archive", BASE], check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
@@ -105,28 +122,21 @@ async def test_the_build_before_refuses_a_data_dir_of_this_one(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-    cfgs, _acked = await _data_dirs(tmp_path / "new")
-    cfg = cfgs[0]
-    script = r"""
-import json, sys
-from consensus.runtime.node import Node, NodeConfig, NodeError
-cfg = json.loads(sys.argv[1])
-c = NodeConfig(node_id=cfg["node_id"], peers={int(k): tuple(v) for k, v in cfg["peers"].items()},
-               client_address=tuple(cfg["client_address"]), data_dir=cfg["data_dir"], snapshot_every=0)
-try:
-    Node(c).open()
-except NodeError as e:
-    print(json.dumps({"refused": str(e)}))
-else:
-    print(json.dumps({"refused": None}))
-"""
     arg = json.dumps({"node_id": cfg.node_id, "peers": {str(k): list(v) for k, v in cfg.peers.items()},
                       "client_address": list(cfg.client_address), "data_dir": cfg.data_dir})
-    out = subprocess.run([sys.executable, "-c", script, arg], cwd=str(old), env=dict(os.environ, PYTHONPATH=str(old)),
+    out = subprocess.run([sys.executable, "-c", OLD_OPEN, arg], cwd=str(old), env=dict(os.environ, PYTHONPATH=str(old)),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    refused = json.loads(out.stdout.strip().splitlines()[-1])["refused"]
-    assert refused and "unsupported segment version 3" in refused, refused
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+async def test_the_build_before_refuses_a_data_dir_of_this_one(tmp_path):
+    """d59f900 on a data dir of this build: it refuses with one line instead of
+    starting without writes."""
+    cfgs, acked = await _data_dirs(tmp_path / "new")
+    res = open_with_the_build_before(tmp_path, cfgs[0])
+    assert res["refused"] and "unsupported segment version 3" in res["refused"], res
 
 
 def test_a_snapshot_of_an_unknown_version_is_refused_not_skipped(tmp_path):

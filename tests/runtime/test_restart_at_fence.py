@@ -20,11 +20,8 @@ fence and ``Node._check_wal_reaches``. Each test failed before the fix:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import struct
-import subprocess
-import sys
 
 import pytest
 
@@ -34,34 +31,26 @@ from consensus.storage.snapshot import load_latest
 from consensus.storage.wal import WAL, SEGMENT_HEADER_BYTES
 from store.server import make_node
 from tests.runtime.test_snapshot_fork import _put
+from tests.runtime.test_format_fence import _data_dirs, _recovered, _segments, open_with_the_build_before
 from tests.runtime.test_snapshot_pause import PAD, _configs, _snapshot, _start, _stop
 
-BASE = "d59f900"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 async def _never_dirs(tmp_path, snapshots: int = 3, puts: int = 120):
-    """As test_format_fence._data_dirs, with ``fsync = "never"`` (the mode restart_at
-    exists for)."""
-    cfgs = [dataclasses.replace(c, fsync="never") for c in _configs(tmp_path)]
-    nodes = await _start(cfgs)
-    acked: dict[str, str] = {}
-    seq = 0
-    try:
-        for taken in range(snapshots):
-            for i in range(puts):
-                seq += 1
-                await _put(nodes[0], seq, f"k{taken}-{i}", f"v{seq}" + PAD)
-                acked[f"k{taken}-{i}"] = f"v{seq}" + PAD
-            await _snapshot(nodes, taken)
-    finally:
-        await _stop(nodes)
-    return cfgs, acked
+    """``_data_dirs`` with ``fsync = "never"`` (the mode restart_at exists for)."""
+    return await _data_dirs(tmp_path, snapshots, puts, fsync="never")
 
 
-def _segments(cfg) -> list[str]:
-    wal_dir = os.path.join(cfg.data_dir, "wal")
-    return sorted(os.path.join(wal_dir, n) for n in os.listdir(wal_dir) if n.startswith("wal-"))
+def _damage_newest(snap_dir: str) -> None:
+    """One byte of the newest snapshot file flipped (the case two are kept for)."""
+    names = sorted(n for n in os.listdir(snap_dir) if n.endswith(".snap"))
+    path = os.path.join(snap_dir, names[-1])
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def _power_loss(cfg) -> int:
@@ -126,15 +115,6 @@ def _open_crashing_inside_restart_at(monkeypatch, cfg) -> None:
     monkeypatch.undo()
 
 
-def _recovered(cfg) -> dict:
-    node = make_node(cfg)
-    node.open()
-    try:
-        return dict(node.replica.executor.sm.data)
-    finally:
-        node.wal.close()
-
-
 async def test_a_crash_inside_restart_at_leaves_a_v3_data_dir_without_a_v3_segment(tmp_path, monkeypatch):
     cfgs, acked = await _never_dirs(tmp_path)
     cfg = cfgs[0]
@@ -169,38 +149,12 @@ async def test_a_reader_of_versions_1_and_2_starts_empty_after_a_crash_inside_re
 
 
 @pytest.mark.slow
-async def test_d59f900_starts_without_acknowledged_writes_after_a_crash_inside_restart_at(tmp_path, monkeypatch):
-    try:
-        archive = subprocess.run(["git", "-C", REPO, "archive", BASE], check=True, capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"this test needs the repository's history (git archive {BASE}): {e}")
-    old = tmp_path / "old"
-    old.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+async def test_d59f900_refuses_the_data_dir_after_a_crash_inside_restart_at(tmp_path, monkeypatch):
     cfgs, acked = await _never_dirs(tmp_path / "new")
     cfg = cfgs[0]
     _power_loss(cfg)
     _open_crashing_inside_restart_at(monkeypatch, cfg)
-    script = r"""
-import json, sys
-from consensus.runtime.node import Node, NodeConfig, NodeError
-cfg = json.loads(sys.argv[1])
-c = NodeConfig(node_id=cfg["node_id"], peers={int(k): tuple(v) for k, v in cfg["peers"].items()},
-               client_address=tuple(cfg["client_address"]), data_dir=cfg["data_dir"], snapshot_every=0)
-try:
-    n = Node(c)
-    n.open()
-except NodeError as e:
-    print(json.dumps({"refused": str(e), "keys": 0}))
-else:
-    print(json.dumps({"refused": None, "keys": len(n.replica.executor.sm.data)}))
-"""
-    arg = json.dumps({"node_id": cfg.node_id, "peers": {str(k): list(v) for k, v in cfg.peers.items()},
-                      "client_address": list(cfg.client_address), "data_dir": cfg.data_dir})
-    out = subprocess.run([sys.executable, "-c", script, arg], cwd=str(old), env=dict(os.environ, PYTHONPATH=str(old)),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = open_with_the_build_before(tmp_path, cfg)
     assert res["refused"], f"d59f900 started on this data dir with {res['keys']} of {len(acked)} acknowledged keys"
 
 
@@ -215,14 +169,7 @@ async def test_an_older_snapshot_after_restart_at_is_refused_like_a_non_empty_wa
     assert {k: v for k, v in _recovered(cfg).items() if k in acked} == acked  # all there, from the snapshot
     # The newest snapshot is damaged later (the case two are kept for).
     snap_dir = os.path.join(cfg.data_dir, "snapshots")
-    names = sorted(n for n in os.listdir(snap_dir) if n.endswith(".snap"))
-    path = os.path.join(snap_dir, names[-1])  # the newest (a fix may have pruned the older)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        b = f.read(1)
-        f.seek(size // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
+    _damage_newest(snap_dir)
     older = load_latest(snap_dir)
     assert older is None or older.seq < newest
     # Records older.seq+1 .. newest are only in the damaged file: refuse, as for a
@@ -269,14 +216,7 @@ async def test_a_restored_v2_snapshot_after_restart_at_is_refused_too(tmp_path):
     node.open()  # restart_at(newest + 1)
     node.wal.close()
     snap_dir = os.path.join(cfg.data_dir, "snapshots")
-    names = sorted(n for n in os.listdir(snap_dir) if n.endswith(".snap"))
-    path = os.path.join(snap_dir, names[-1])  # the newest (a fix may have pruned the older)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        b = f.read(1)
-        f.seek(size // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
+    _damage_newest(snap_dir)
     fallback = load_latest(snap_dir)
     assert fallback is None or not fallback.live  # the restored one, unless a fix pruned it
     node = make_node(cfg)
