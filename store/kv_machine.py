@@ -69,8 +69,11 @@ Per key: ``create_revision`` (when the key was last created), ``mod_revision`` (
 change), ``version`` (changes since creation; a delete resets the key). Old revisions
 stay readable (``range`` with ``revision``) until compacted: by ``compact``, or by the
 machine itself, which keeps at least the last ``HISTORY_RETAIN`` revisions: when the
-revision is ``2 * HISTORY_RETAIN`` past the compaction point it compacts at
-``revision - HISTORY_RETAIN`` (deterministic: a function of the log alone).
+revision is ``HISTORY_RETAIN + COMPACT_STEP`` past the compaction point it compacts at
+``revision - HISTORY_RETAIN`` (deterministic: a function of the log alone). A pass
+visits only the keys written since the last one (a queue of them by revision), so each
+costs about ``COMPACT_STEP`` keys, not every key written in ``2 * HISTORY_RETAIN``
+revisions (20-47 ms on every replica at once, at the same slot, at 64,000 keys).
 
 Keys are byte strings: a key arrives as str (UTF-8) or bytes and is kept as str when it
 is valid UTF-8, else as bytes, so ``"a"`` and ``b"a"`` are one key. Ranges compare the
@@ -115,6 +118,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from bisect import bisect_left, bisect_right
+from collections import deque
 from operator import itemgetter
 from typing import Any
 
@@ -134,6 +138,9 @@ MAX_LEASE_TTL_MS = 9_000_000_000 * 1000
 """etcd's MaxLeaseTTL (9e9 seconds)."""
 HISTORY_RETAIN = 10_000
 """Revisions the machine keeps readable before compacting by itself (module docstring)."""
+COMPACT_STEP = 1_000
+"""Revisions between two of the machine's own compactions (module docstring). Part of
+the replicated semantics: every replica of a cluster must run the same value."""
 
 INVALID_REQUEST = "InvalidRequest"
 COMPARE_FAILED = "CompareFailed"
@@ -557,7 +564,7 @@ class KVStateMachine:
     """
 
     __slots__ = ("data", "hist", "rev", "compact_rev", "now_ms", "next_lease", "leases", "lease_keys",
-                 "_index", "_fresh", "_stale", "_wrev", "_changed", "listener", "_events")
+                 "_index", "_fresh", "_due", "_wrev", "_changed", "listener", "_events")
     name = "kv"
 
     def __init__(self) -> None:
@@ -571,7 +578,9 @@ class KVStateMachine:
         self.lease_keys: dict[int, set] = {}  # id -> live keys attached (derived)
         self._index: list[tuple] = []  # _ord(key) of every key in hist, sorted (see _sorted_index)
         self._fresh: list = []  # keys new to hist since _index was last merged (a put's O(1))
-        self._stale: set = set()  # keys whose history holds more than one live record
+        # (revision, key) of each record written over an older one (or a tombstone), in
+        # revision order: a compaction at `at` visits the keys of the entries <= at.
+        self._due: deque = deque()
         self._wrev = 0
         self._changed = False
         # The change feed (not replicated state: never in the snapshot or the digest).
@@ -695,17 +704,21 @@ class KVStateMachine:
         for i, ttl, expiry in state["leases"]:
             self.leases[i] = [ttl, expiry]
             self.lease_keys[i] = set()
+        due = []
         for key, recs in state["keys"]:
             self.hist[key] = recs = [tuple(r) for r in recs]
             self._index.append(_ord(key))
             last = recs[-1]
-            if len(recs) > 1 or last[1] == 0:
-                self._stale.add(key)
+            # The queue as the writes left it: each record written over an older one
+            # (all above the compaction point; a key never starts with a tombstone).
+            due.extend((r[0], key) for r in recs[1:])
             if last[1]:
                 self.data[key] = last[3]
                 if last[4]:
                     self.lease_keys[last[4]].add(key)
         self._index.sort()
+        due.sort(key=_mod)  # stable: the order within a revision does not matter
+        self._due.extend(due)
 
     def digest(self) -> str:
         return hashlib.sha256(self.snapshot()).hexdigest()[:16]
@@ -739,7 +752,7 @@ class KVStateMachine:
         if self._changed:
             self.rev = self._wrev
             self._changed = False
-            if self.rev - self.compact_rev >= 2 * HISTORY_RETAIN:
+            if self.rev - self.compact_rev >= HISTORY_RETAIN + COMPACT_STEP:
                 self._compact(self.rev - HISTORY_RETAIN)
             if self._events:
                 events, self._events = self._events, []
@@ -777,7 +790,7 @@ class KVStateMachine:
                 recs[-1] = new
             else:
                 recs.append(new)
-                self._stale.add(key)
+                self._due.append((w, key))
         if lease and (prev is None or prev[4] != lease):
             self.lease_keys[lease].add(key)
         self.data[key] = value
@@ -797,7 +810,7 @@ class KVStateMachine:
             recs[-1] = tomb
         else:
             recs.append(tomb)
-        self._stale.add(key)
+        self._due.append((self._wrev, key))
         if last[4]:
             self._detach(last[4], key)
         del self.data[key]
@@ -812,25 +825,25 @@ class KVStateMachine:
             keys.discard(key)
 
     def _compact(self, at: int) -> None:
-        """Forget every record not needed to read at revision ``at`` or later."""
+        """Forget every record not needed to read at revision ``at`` or later: the keys
+        of the queued writes at or below ``at`` (any other key has nothing to drop)."""
         hist = self.hist
-        done = []
+        due = self._due
         gone = set()
-        for key in self._stale:  # each key on its own: the order does not matter
-            recs = hist[key]
+        while due and due[0][0] <= at:  # bounded by the queue
+            key = due.popleft()[1]
+            recs = hist.get(key)
+            if recs is None:
+                continue  # dropped by an earlier entry of this pass
             i = bisect_right(recs, at, key=_mod)
             if i == 0:
-                continue
+                continue  # an earlier entry of this pass dropped everything <= at
             keep = i - 1 if recs[i - 1][1] else i
             if keep:
                 del recs[:keep]
             if not recs:
                 del hist[key]
                 gone.add(key)
-                done.append(key)
-            elif len(recs) == 1 and recs[0][1]:
-                done.append(key)
-        self._stale.difference_update(done)
         if gone:
             self._index = [e for e in self._sorted_index() if e[2] not in gone]
         self.compact_rev = at

@@ -248,10 +248,11 @@ def test_compaction(m):
 
 def test_the_machine_compacts_itself_deterministically(monkeypatch):
     monkeypatch.setattr(K, "HISTORY_RETAIN", 5)
+    monkeypatch.setattr(K, "COMPACT_STEP", 5)
     m = KVStateMachine()
     for i in range(9):
         m.apply(put("k", str(i)))  # revisions 2..10
-    assert m.compact_rev == 5  # at revision 10 = 2 * 5 past 0: compact at 10 - 5
+    assert m.compact_rev == 5  # at revision 10 = 5 + 5 past 0: compact at 10 - 5
     assert m.apply(rng("k", revision=4))["code"] == "Compacted"
     assert kvs(m.apply(rng("k", revision=5))) == [("k", "3", 2, 5, 4)]
     other = KVStateMachine()
