@@ -20,7 +20,7 @@ def _kinds() -> list[str]:
 
 
 async def test_a_short_run_under_faults_is_valid_and_shows_every_fault(tmp_path):
-    spec = RunSpec(nemesis=_kinds(), nodes=3, seconds=13, sessions=8, keys=3, seed=2, out_root=str(tmp_path))
+    spec = RunSpec(nemesis=_kinds(), nodes=3, seconds=11, sessions=8, keys=3, seed=2, out_root=str(tmp_path))
     r = await run_test(spec)
     assert r["verdict"] == VALID, json.dumps(r.get("checks", {}), default=str)[:2000]
     assert r["checks"]["linearizable"] is True and r["checks"]["converged"] and r["checks"]["final_reads_agree"]

@@ -16,7 +16,7 @@ from store.scheduler_demo import Workload, check_history
 
 
 def test_short_scheduler_demo_exits_0_with_every_check_passing():
-    out = subprocess.run([sys.executable, "-m", "store.cli", "demo", "--machine", "scheduler", "--seconds", "6",
+    out = subprocess.run([sys.executable, "-m", "store.cli", "demo", "--machine", "scheduler", "--seconds", "4",
                           "--sessions", "4", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     report = json.loads(out.stdout)
