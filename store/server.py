@@ -133,7 +133,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     known = {"id", "listen", "client", "peers", "data_dir", "protocol", "fsync", "cluster_id", "tick_ms",
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
-             "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control", "straggler_floor_ms"}
+             "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control", "straggler_floor_ms",
+             "early_send"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -166,10 +167,11 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
                 setattr(cfg, attr, typ(raw[key]))
             except (TypeError, ValueError):
                 raise NodeError(f"setting {key} = {raw[key]!r} is not a valid {typ.__name__}") from None
-    if "snapshot_fork" in raw:
-        if type(raw["snapshot_fork"]) is not bool:
-            raise NodeError(f"setting snapshot_fork = {raw['snapshot_fork']!r} is not true or false")
-        cfg.snapshot_fork = raw["snapshot_fork"]
+    for flag in ("snapshot_fork", "early_send"):
+        if flag in raw:
+            if type(raw[flag]) is not bool:
+                raise NodeError(f"setting {flag} = {raw[flag]!r} is not true or false")
+            setattr(cfg, flag, raw[flag])
     if raw.get("hived_config") is not None:
         if cfg.machine != "scheduler":
             raise NodeError("hived_config is a setting of the scheduler machine (add --machine scheduler)")

@@ -573,8 +573,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="propose-below-own-promise",
         file=SDP,
-        old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:\n",
-        new="            if False:\n",
+        old="            if self.promised[me] > self.ballot or self.next_inst in self.clog[me] or self.next_inst < self._c_unsure:\n",
+        new="            if self.next_inst < self._c_unsure:\n",
         rule="Paxos: an acceptor (the command leader itself) never accepts below a promise it gave; one value per instance",
         description="a command leader proposes its next command at its old ballot over a recoverer's chosen no-op "
         "(review 7, hole 2: two values chosen for one C-instance)",
@@ -821,6 +821,45 @@ MUTANTS: list[Mutant] = [
         rule="paper §4 straggler: queueing every replica suffers (below the configured floor) is no slow sequencer",
         description="on loopback the best is 0-1 tick: a saturated machine's 50-120 ms of queueing deposes a "
                     "healthy sequencer under load alone",
+    ),
+    Mutant(
+        name="early-self-count-before-durable",
+        file=SDP,
+        old="""\
+        p = Proposal(c, 0 if early else 1 << self.id, self.now, self.now)
+""",
+        new="""\
+        p = Proposal(c, 1 << self.id, self.now, self.now)
+""",
+        rule="early send: a command leader's own accept counts towards a quorum only once its record is durable",
+        description="an early-sent instance commits on one peer's ack and the leader's unsynced record: a crash "
+                    "before the sync leaves one accept of three",
+    ),
+    Mutant(
+        name="early-restart-ignores-reservation",
+        file=SDP,
+        old="""\
+        if self.c_reserved > self.next_inst:
+            self._c_unsure = self.c_reserved
+""",
+        new="""\
+        pass
+""",
+        rule="early send: a restart re-prepares the reserved instances its log lacks before proposing",
+        description="a restarted leader proposes a new value at an instance a peer accepted from its early send, "
+                    "at the same round-0 ballot",
+    ),
+    Mutant(
+        name="early-beyond-reservation",
+        file=SDP,
+        old="""\
+        early = self.cfg.early_send and inst < self.c_reserved
+""",
+        new="""\
+        early = self.cfg.early_send
+""",
+        rule="early send: only instances below a durable reservation leave before their record",
+        description="an instance no durable record reserves is sent early: a restart does not know to re-prepare it",
     ),
 ]
 

@@ -91,6 +91,12 @@ class ProtocolConfig:
     # Probe every peer every heartbeat_ticks and order peers by the measured round trips.
     # Off only where delivery times mean nothing (the explorer picks every delivery).
     measure_rtt: bool = True
+    # SDPaxos: a command leader's C-accepts (and C-requests) of its new instances leave
+    # before its own record of them is durable, within instance numbers reserved by a
+    # durable record; its own vote counts once durable, and a restart re-prepares the
+    # reserved instances its log lacks (docs/early-send.md). Saves one fsync on the
+    # commit path. Off: every accept waits for the leader's record.
+    early_send: bool = False
 
     def __post_init__(self) -> None:
         if not 3 <= self.n <= MAX_REPLICAS or self.n % 2 == 0:

@@ -155,6 +155,9 @@ OSLOTS_PER_MSG_MAX = 8192
 FETCH_INSTANCES_MAX = 64
 # Most C-instances one CPromise reports.
 PROMISE_INSTANCES_MAX = 4096
+# Early send: instances reserved ahead of use (one "CR" record per EARLY_RESERVE / 2
+# proposals). A restart re-prepares at most this many of its own instances.
+EARLY_RESERVE = 64
 # RReply.slot meaning "no lease: send the read through the log".
 READ_VIA_LOG = -2
 
@@ -265,6 +268,18 @@ class SDPaxosReplica(ReplicaBase):
         self.ballot = make_ballot(0, node_id)  # ballot of my own C-instances
         self.next_inst = 0
         self.unready: dict[int, Proposal] = {}  # my instances not yet answered, by inst
+        # Early send (ProtocolConfig.early_send, docs/early-send.md): my C-accepts of
+        # instances below the durable reservation leave before my own record of them
+        # is durable; my own vote counts only once it is (_on_persisted). A restart
+        # re-prepares every instance below the reservation that its log lacks (they
+        # may be accepted elsewhere) before proposing anything.
+        self.c_reserved = 0  # durable: no C-accept of mine left early at or above it
+        self._c_reserve_asked = 0  # the highest reservation persisted (maybe not durable)
+        self._c_resv_unsynced = 0
+        self._c_resv_wait: list[tuple[int, int]] = []  # (Ready token, reservation)
+        self._c_own_unsynced: list[tuple[int, CInst, int]] = []  # (inst, record, ballot) sent early
+        self._c_own_wait: list[tuple[int, list[tuple[int, CInst, int]]]] = []
+        self._c_unsure = 0  # after a restart: my instances below it may exist elsewhere
         self.crec: dict[int, CRecovery] = {}
         # Per leader: no recovery of its instances from here before this tick (we saw
         # a higher ballot at work on them, or our attempt timed out: back off).
@@ -420,6 +435,8 @@ class SDPaxosReplica(ReplicaBase):
                     c.committed = True
             elif kind == "P":
                 self.promised[rec[1]] = max(self.promised[rec[1]], rec[2])
+            elif kind == "CR":
+                self.c_reserved = self._c_reserve_asked = max(self.c_reserved, rec[1])
             elif kind == "O":
                 _, view, start, leaders = rec
                 for k, leader in enumerate(leaders):
@@ -443,6 +460,12 @@ class SDPaxosReplica(ReplicaBase):
     def _after_replay(self) -> None:
         own = self.clog[self.id]
         self.next_inst = max(self.floor_inst[self.id], max(own) + 1 if own else 0)
+        # Below the reservation our C-accepts may have left before their records were
+        # durable: peers may hold values at instances our log lacks. Re-prepare them
+        # (_flush_proposals) before proposing: a new value there at our round-0 ballot
+        # could differ from one a peer accepted at that same ballot.
+        if self.c_reserved > self.next_inst:
+            self._c_unsure = self.c_reserved
         # Propose only at a ballot whose phase 1 completed: our round-0 ballot, or one
         # of our re-prepares that reached phase 2 (it left records at that ballot).
         # Never make one up from a promise: above a recoverer's ballot it would skip
@@ -681,6 +704,8 @@ class SDPaxosReplica(ReplicaBase):
         if run:
             out.append(["O", run_view, run_start, run])
         out.append(["OC", self.o_committed])
+        if self._c_reserve_asked:
+            out.append(["CR", self._c_reserve_asked])
         return out
 
     def _want_snapshot(self, peer: int) -> None:
@@ -721,7 +746,7 @@ class SDPaxosReplica(ReplicaBase):
             return  # re-preparing our own instances: new ones wait
         me = self.id
         while self._pending and len(self.unready) < self.cfg.inflight_max:
-            if self.promised[me] > self.ballot or self.next_inst in self.clog[me]:
+            if self.promised[me] > self.ballot or self.next_inst in self.clog[me] or self.next_inst < self._c_unsure:
                 # A recoverer prepared our instances (we promised it a higher ballot),
                 # or we hold a value someone else proposed at our next instance (a
                 # phantom's no-op): proposing now would break that promise or write
@@ -730,7 +755,7 @@ class SDPaxosReplica(ReplicaBase):
                 if self.now >= self._crec_after[me]:
                     top = max(self.clog[me], default=self.next_inst - 1)
                     self._start_crecovery(me, min(self.unready, default=self.next_inst),
-                                          max(self.next_inst - 1, top), self.promised[me])
+                                          max(self.next_inst - 1, top, self._c_unsure - 1), self.promised[me])
                 return
             self._propose_instance(self._take_batch())
 
@@ -738,21 +763,31 @@ class SDPaxosReplica(ReplicaBase):
         inst = self.next_inst
         self.next_inst += 1
         c = CInst(self.ballot, cmds)
-        p = Proposal(c, 1 << self.id, self.now, self.now)
+        early = self.cfg.early_send and inst < self.c_reserved
+        # Sent early, our accept counts once its record is durable (_on_persisted).
+        p = Proposal(c, 0 if early else 1 << self.id, self.now, self.now)
         self.clog[self.id][inst] = c
         self.c_max[self.id] = inst
         self.unready[inst] = p
         self.stats["instances"] += 1
         self.persist(["C", self.id, inst, self.ballot, cmds])
+        if early:
+            self._c_own_unsynced.append((inst, c, self.ballot))
+        send = self.send_urgent if early else self.send
         msg = CAccept(self.view, self.id, inst, self.ballot, cmds)
         targets = self._thrifty_targets()
         for dst in targets:
-            self.send(dst, msg)
+            send(dst, msg)
             p.sent_to |= 1 << dst
         if self.id == self.sequencer:
             self._assign(self.id, inst, self._keys(cmds))
         elif self.sequencer not in targets:
-            self.send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(cmds)))
+            send(self.sequencer, CRequest(self.view, self.id, inst, self._keys(cmds)))
+        if self.cfg.early_send and inst + EARLY_RESERVE // 2 >= self._c_reserve_asked:
+            # Reserve the next instances ahead of use: the record is durable with this
+            # Ready's, long before the reserved instances are proposed.
+            self._c_reserve_asked = self._c_resv_unsynced = inst + 1 + EARLY_RESERVE
+            self.persist(["CR", self._c_reserve_asked])
 
     def _thrifty_targets(self) -> list[int]:
         peers = self.live_peers()
@@ -1260,6 +1295,12 @@ class SDPaxosReplica(ReplicaBase):
         if self._unsynced:
             self._sync_wait.append((token, self._unsynced))
             self._unsynced = []
+        if self._c_own_unsynced:
+            self._c_own_wait.append((token, self._c_own_unsynced))
+            self._c_own_unsynced = []
+        if self._c_resv_unsynced:
+            self._c_resv_wait.append((token, self._c_resv_unsynced))
+            self._c_resv_unsynced = 0
 
     def _on_persisted(self, sync: bool = False) -> None:
         """Our accepts up to the durable Ready are on disk: they count now. (N = 3: a
@@ -1269,6 +1310,8 @@ class SDPaxosReplica(ReplicaBase):
         it, replies wait for the sync, but reads, watches and snapshots of that
         state would.)"""
         token = self._durable_token
+        if self._c_resv_wait or self._c_own_wait:
+            self._c_durable(token)
         wait = self._sync_wait
         k = 0
         while k < len(wait) and wait[k][0] <= token:
@@ -1288,6 +1331,24 @@ class SDPaxosReplica(ReplicaBase):
             self._commit_oslots(self.o_durable, record=sync)
         self._check_ready()
         self._execute()
+
+    def _c_durable(self, token: int) -> None:
+        """Early send: reservations and our early-sent accepts up to ``token`` are
+        durable. Our vote for such an instance counts now, if our record still holds
+        the ballot we proposed (a recoverer's accept may have replaced it meanwhile:
+        the proposal then follows that ballot, with its own tally)."""
+        rw = self._c_resv_wait
+        while rw and rw[0][0] <= token:
+            self.c_reserved = max(self.c_reserved, rw.pop(0)[1])
+        cw = self._c_own_wait
+        while cw and cw[0][0] <= token:
+            for inst, c, ballot in cw.pop(0)[1]:
+                p = self.unready.get(inst)
+                if p is None or p.rec is not c or c.committed or p.ballot != ballot or c.ballot != ballot:
+                    continue
+                p.acks |= 1 << self.id
+                if p.acks.bit_count() >= self.quorum:
+                    self._commit_c(self.id, inst, p)
 
     def _commit_oslots(self, upto: int, record: bool = True) -> None:
         """Mark every held O-slot below ``upto`` committed (they are chosen)."""

@@ -146,6 +146,9 @@ class NodeConfig:
     # the fastest is about 0, and a saturated machine's queueing is not a slow
     # sequencer. One heartbeat: below the wide-area round trips where it matters.
     straggler_floor_ms: float = 100.0
+    # The command leader's accepts leave before its own record is durable
+    # (ProtocolConfig.early_send, docs/early-send.md).
+    early_send: bool = True
     election_ms: float = 500.0
     lease_ms: float = 500.0
     batch_max: int = 2048
@@ -192,6 +195,7 @@ class NodeConfig:
             resend_ticks=ticks(self.election_ms),
             recovery_ticks=ticks(self.election_ms),
             straggler_floor_ticks=ticks(self.straggler_floor_ms),
+            early_send=self.early_send,
         )
 
     def validate(self) -> None:

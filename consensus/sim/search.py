@@ -125,6 +125,8 @@ def swarm_config(seed: int) -> SimConfig:
         lose_unsynced_on_crash=rng.random() < 0.9,
         disk_torn=rng.random() < 0.5,
         faults=swarm_schedule(rng, n, seconds, kinds, protocol),
+        # Drawn last, so that every other field of a seed stays what it was.
+        early_send=rng.random() < 0.5,
     )
 
 

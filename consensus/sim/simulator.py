@@ -44,7 +44,9 @@ has one; with ``cas_fraction`` some commands are compare-and-set on the same key
 At the end the run stops the clients, lets the cluster drain, and checks:
 ``consistent`` (every replica incarnation executed a prefix of one sequence),
 ``agreement`` (every incarnation that executed slot s executed the same batch there;
-replicas at the same execution point hold the same state),
+replicas at the same execution point hold the same state; and no two records of any
+replica's disk accept different values for one SDPaxos C-instance at one ballot: a
+ballot has one proposer, which proposes one value per instance),
 ``lost_acked`` (acknowledged commands that were not applied), ``duplicated``
 (commands applied twice), and that every result a client saw equals what a
 sequential replay of the executed order produces.
@@ -103,6 +105,8 @@ class SimConfig:
     straggler_window_ms: float = 500.0
     straggler_cooldown_ms: float = 10_000.0
     thrifty: bool = True
+    # ProtocolConfig.early_send (SDPaxos): matters only with a disk model (disk_sync_ms).
+    early_send: bool = False
     jitter: float = 0.0
     jitter_ms_min: float = 0.0
     loss: float = 0.0
@@ -199,6 +203,7 @@ class Simulation:
             recovery_ticks=max(1, round(cfg.recovery_ms / tick)),
             straggler_window_ticks=max(1, round(cfg.straggler_window_ms / tick)),
             straggler_cooldown_ticks=max(1, round(cfg.straggler_cooldown_ms / tick)),
+            early_send=cfg.early_send,
         )
         self.cls = PROTOCOLS[cfg.protocol]
         self.new_machine = machine_factory(cfg.machine, cfg.machine_config)  # draws nothing
@@ -211,6 +216,10 @@ class Simulation:
         self._snap_slot = [0] * n
         self.snapshots_taken = 0
         self.snapshots_installed = 0
+        # (leader, inst, ballot) -> the value first written for it on any disk (the
+        # agreement check: one value per ballot and C-instance, on every replica).
+        self._ballot_values: dict[tuple, Any] = {}
+        self.ballot_conflicts: list[tuple] = []
         self._snapshot_every = cfg.snapshot_every
         self.nodes: list[Any] = [None] * n
         self.incarnation = [0] * n
@@ -298,7 +307,10 @@ class Simulation:
             self.crashed_at[node] = self.now
             if self.sim_disks is not None:
                 cfg = self.cfg
-                self.sim_disks[node].crash(cfg.lose_unsynced_on_crash, cfg.disk_torn, self._disk_rng)
+                disk = self.sim_disks[node]
+                before = disk.synced
+                disk.crash(cfg.lose_unsynced_on_crash, cfg.disk_torn, self._disk_rng)
+                self._note_values(node, disk.records[before:])  # what the crash kept is durable
             if node in self._paused:
                 self.resume(node)  # a dead process is not paused; its held events lapse
 
@@ -361,6 +373,7 @@ class Simulation:
             return
         if rd.persist:
             self.disks[node].extend(rd.persist)
+            self._note_values(node, rd.persist)
         self._send(node, rd.messages, rd.replies)
         if rd.executed:
             self._record_executed(node, rd.executed)
@@ -427,6 +440,17 @@ class Simulation:
 
     # --- SimDisk: persist → sync → send → reply → install snapshot ----------------------
 
+    def _note_values(self, node: int, records: list) -> None:
+        # Durable records only: an unsynced one a crash lost was never sent (without
+        # early send) and its value may be proposed again at the same ballot.
+        values = self._ballot_values
+        for rec in records:
+            if rec[0] == "C" and len(rec) == 5:
+                key = (rec[1], rec[2], rec[3])
+                seen = values.setdefault(key, rec[4])
+                if seen is not rec[4] and seen != rec[4] and len(self.ballot_conflicts) < 20:
+                    self.ballot_conflicts.append((node, key))
+
     def _drain_to_disk(self, node: int, replica: Any, rd: Any) -> None:
         disk = self.sim_disks[node]
         if rd.executed:
@@ -469,6 +493,7 @@ class Simulation:
         disk.syncing = None
         disk.syncs += 1
         if mark > disk.synced:
+            self._note_values(node, disk.records[disk.synced:mark])  # durable now
             disk.synced = mark
         token = 0
         tokens = disk.tokens
@@ -957,7 +982,7 @@ class Simulation:
                     disagreements += 1
         return {
             "consistent": consistent,
-            "agreement": disagreements == 0,
+            "agreement": disagreements == 0 and not self.ballot_conflicts,
             "lost_acked": len(lost),
             "duplicated": applied_twice,
             "wrong_results": len(wrong),
