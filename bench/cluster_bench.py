@@ -12,11 +12,14 @@ matters is the ratio, measured side by side. Nothing here asserts a time.
     cellar bench --plot bench.png                  # throughput and latency bars (matplotlib)
     cellar bench --machine scheduler               # the replicated HiveD scheduler (bench/scheduler_bench.py)
     cellar bench --tls                             # SDPaxos plaintext vs TLS, side by side, and their ratio
+    cellar bench --early-send                      # SDPaxos without and with early send (docs/early-send.md)
 
 With ``--tls`` the pair compared is not two protocols but one (``--protocol``,
 default sdpaxos) in plaintext and with TLS on every connection (peers mutually
 authenticated, clients over TLS; certificates from ``cellar certs init`` in a
-temporary folder), alternating order from round to round like the protocols.
+temporary folder), alternating order from round to round like the protocols. With
+``--early-send`` the pair is SDPaxos with the command leader's early send off (every
+accept waits for the leader's own fsync, the path before it) and on.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ PROTOCOLS = ("sdpaxos", "multipaxos")
 
 
 async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float, warmup: float,
-                  value_bytes: int, fsync: str, tls_dir: str | None = None) -> dict:
+                  value_bytes: int, fsync: str, tls_dir: str | None = None, extra_args: list[str] | None = None) -> dict:
     root = tempfile.mkdtemp(prefix=f"cellar-bench-{protocol}-")
-    cluster = LocalCluster(root, replicas, protocol=protocol, fsync=fsync, cluster_id="bench", tls_dir=tls_dir)
+    cluster = LocalCluster(root, replicas, protocol=protocol, fsync=fsync, cluster_id="bench", tls_dir=tls_dir,
+                           extra_args=extra_args)
     cluster.start_all()
     try:
         await cluster.await_ready()
@@ -116,22 +120,30 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
 
 
 TLS_VARIANTS = ("plaintext", "tls")
+EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it), on
 
 
 async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
-                        value_bytes: int, fsync: str, progress=print) -> dict:
-    """The same load in plaintext and with TLS, alternating, and their ratio."""
+                        value_bytes: int, fsync: str, progress=print, variants: tuple[str, str] = TLS_VARIANTS) -> dict:
+    """The same load in plaintext and with TLS (or, ``variants=EARLY_VARIANTS``, with
+    early send off and on), alternating, and their ratio."""
     from store.certs import init_certs
 
     certs = tempfile.mkdtemp(prefix="cellar-bench-certs-")
+    base, other = variants
     try:
-        init_certs(certs, replicas)
-        runs: dict[str, list[dict]] = {v: [] for v in TLS_VARIANTS}
+        if variants == TLS_VARIANTS:
+            init_certs(certs, replicas)
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(rounds):
-            order = TLS_VARIANTS if r % 2 == 0 else TLS_VARIANTS[::-1]
+            order = variants if r % 2 == 0 else variants[::-1]
             for variant in order:
+                if variants == TLS_VARIANTS:
+                    how = {"tls_dir": certs if variant == "tls" else None}
+                else:
+                    how = {"extra_args": ["--early-send" if variant == "early" else "--no-early-send"]}
                 m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
-                                  value_bytes=value_bytes, fsync=fsync, tls_dir=certs if variant == "tls" else None)
+                                  value_bytes=value_bytes, fsync=fsync, **how)
                 m["variant"] = variant
                 progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
                          f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
@@ -148,30 +160,31 @@ async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: fl
                    "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2),
                    "replica_cpu_us_per_write": cpu(ms)} for v, ms in runs.items()}
     cpu_ratios = [t["replica_cpu_us_per_write"] / p["replica_cpu_us_per_write"]
-                  for t, p in zip(runs["tls"], runs["plaintext"])
+                  for t, p in zip(runs[other], runs[base])
                   if t.get("replica_cpu_us_per_write") and p.get("replica_cpu_us_per_write")]
-    ratios = [t["writes_per_s"] / p["writes_per_s"] for t, p in zip(runs["tls"], runs["plaintext"]) if p["writes_per_s"]]
+    ratios = [t["writes_per_s"] / p["writes_per_s"] for t, p in zip(runs[other], runs[base]) if p["writes_per_s"]]
     return {
         "protocol": protocol, "replicas": replicas, "sessions": sessions, "seconds": seconds, "rounds": rounds,
         "value_bytes": value_bytes, "fsync": fsync, "runs": runs, "median": summary,
-        "throughput_ratio_tls_over_plaintext": round(statistics.median(ratios), 3) if ratios else None,
+        f"throughput_ratio_{other}_over_{base}": round(statistics.median(ratios), 3) if ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
-        "cpu_per_write_ratio_tls_over_plaintext": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
+        f"cpu_per_write_ratio_{other}_over_{base}": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
     }
 
 
 def _print_tls_summary(result: dict) -> None:
     med = result["median"]
+    base, other = list(result["runs"])
     click.echo("")
     click.echo(f"median of {result['rounds']} round(s), {result['protocol']}, {result['replicas']} replicas, "
                f"{result['sessions']} sessions, {result['value_bytes']}-byte values, fsync={result['fsync']}")
-    for v in TLS_VARIANTS:
+    for v in (base, other):
         click.echo(f"  {v:10s} {med[v]['writes_per_s']:>9.0f} writes/s  p50 {med[v]['p50_ms']:6.2f} ms  "
                    f"p99 {med[v]['p99_ms']:6.2f} ms  replica CPU {med[v]['replica_cpu_us_per_write']} us/write")
-    click.echo(f"  TLS / plaintext throughput: {result['throughput_ratio_tls_over_plaintext']}x "
+    click.echo(f"  {other} / {base} throughput: {result[f'throughput_ratio_{other}_over_{base}']}x "
                f"(per round: {result['per_round_ratios']})")
-    click.echo(f"  TLS / plaintext replica CPU per write: {result['cpu_per_write_ratio_tls_over_plaintext']}x "
+    click.echo(f"  {other} / {base} replica CPU per write: {result[f'cpu_per_write_ratio_{other}_over_{base}']}x "
                f"(per round: {result['per_round_cpu_ratios']})")
 
 
@@ -238,14 +251,16 @@ def _print_summary(result: dict) -> None:
               help="kv only: compare plaintext and TLS (same protocol, alternating rounds) instead of the protocols.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="sdpaxos", show_default=True,
               help="The protocol of --tls.")
+@click.option("--early-send", "early", is_flag=True,
+              help="kv only: compare SDPaxos with the command leader's early send off and on (alternating rounds).")
 def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
-          seed, quiet, as_json, plot_path, tls, protocol) -> None:
+          seed, quiet, as_json, plot_path, tls, protocol, early) -> None:
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
     if machine == "scheduler":
-        if tls:
-            raise click.BadParameter("--tls measures the kv machine (plaintext vs TLS)", param_hint="--tls")
+        if tls or early:
+            raise click.BadParameter("--tls and --early-send measure the kv machine", param_hint="--tls/--early-send")
         from bench import scheduler_bench
 
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -267,11 +282,15 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
-    if tls:
+    if tls and early:
+        raise click.BadParameter("one comparison at a time: --tls or --early-send", param_hint="--early-send")
+    if tls or early:
         if plot_path:
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
+        if early and protocol != "sdpaxos":
+            raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
         result = asyncio.run(run_tls_bench(protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync,
-                                           progress=say))
+                                           progress=say, variants=EARLY_VARIANTS if early else TLS_VARIANTS))
         click.echo(json.dumps(result)) if as_json else _print_tls_summary(result)
         return
     result = asyncio.run(run_bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress=say))

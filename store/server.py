@@ -401,13 +401,16 @@ def install_loop() -> None:
               help="TESTING ONLY: tick at the rate written in this file (1.02: 2 % fast; "
                    "consensus/runtime/clock_control.py). Rates that differ by more than the lease's "
                    "drift bound (5 %) between replicas break the read lease. Never in production.")
+@click.option("--early-send/--no-early-send", "early_send", default=None,
+              help="SDPaxos: a command leader's accepts leave before its own record is durable "
+                   "(default on; docs/early-send.md).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--exit-with-parent", "parent_pid", type=int, hidden=True,
               help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, ready_file, parent_pid,
-          log_level) -> None:
+          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, ready_file,
+          parent_pid, log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
         exit_with_parent(parent_pid)
@@ -419,6 +422,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
+            "early_send": early_send,
         })
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))

@@ -703,9 +703,9 @@ class SDPaxosReplica(ReplicaBase):
             run.append(slot.leader)
         if run:
             out.append(["O", run_view, run_start, run])
-        out.append(["OC", self.o_committed])
         if self._c_reserve_asked:
             out.append(["CR", self._c_reserve_asked])
+        out.append(["OC", self.o_committed])
         return out
 
     def _want_snapshot(self, peer: int) -> None:

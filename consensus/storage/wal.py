@@ -100,15 +100,18 @@ import crc32c
 log = logging.getLogger(__name__)
 
 SEGMENT_MAGIC = b"CELLRWAL"
-SEGMENT_VERSION = 3
-# Version 3 has version 2's layout. It marks a data dir whose snapshots may restate
-# the WAL's older records (snapshot version 3, live records) and whose WAL may have
-# been compacted against them: a build that reads only versions 1 and 2 would skip
-# such a snapshot and replay a suffix of the log on an empty state, so it must
-# refuse the data dir, and it does, on the unknown segment version.
-SEGMENTS_SAME_LAYOUT = (2, 3)
-# Versions 1 (no salt, no commit markers) and 2 are still read; an older last
-# segment is closed at open and appends go to a new version-3 segment
+SEGMENT_VERSION = 4
+# Versions 3 and 4 have version 2's layout. Version 3 marks a data dir whose snapshots
+# may restate the WAL's older records (snapshot version 3, live records) and whose
+# WAL may have been compacted against them: a build that reads only versions 1 and 2
+# would skip such a snapshot and replay a suffix of the log on an empty state, so it
+# must refuse the data dir, and it does, on the unknown segment version. Version 4
+# marks a log that may hold the core's early-send reservations ("CR" records,
+# docs/early-send.md): a build before them would skip the records and, restarted,
+# propose new values at instances it had sent early.
+SEGMENTS_SAME_LAYOUT = (2, 3, 4)
+# Versions 1 (no salt, no commit markers), 2 and 3 are still read; an older last
+# segment is closed at open and appends go to a new version-4 segment
 # (docs/storage.md).
 # v1 header: magic, version, flags, first_seq, crc32c of the 20 bytes before it.
 _SEGMENT_HEADER_V1 = struct.Struct(">8sHHQI")
@@ -333,7 +336,7 @@ def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple
                 if crc32c.crc32c(data[: hdr - 4]) != crc:
                     problem = "segment header checksum mismatch"
         else:
-            raise WALCorruption(path, 0, f"unsupported segment version {version} (this build reads 1 to 3)")
+            raise WALCorruption(path, 0, f"unsupported segment version {version} (this build reads 1 to {SEGMENT_VERSION})")
         if problem is None and header_seq != first_seq:
             raise WALCorruption(path, 0, f"segment header says first seq {header_seq}, file name says {first_seq}")
     if problem is None:

@@ -86,13 +86,17 @@ async def test_a_compacted_data_dir_is_fenced_off_from_a_reader_of_versions_1_an
     assert snap is not None and snap.live
     for path in segs:
         with open(path, "rb") as f:
-            assert struct.unpack_from(">H", f.read(10), 8)[0] == 3, path
+            assert struct.unpack_from(">H", f.read(10), 8)[0] == walmod.SEGMENT_VERSION, path
     # This build recovers everything.
     data = _recovered(cfg)
     assert {k: data.get(k) for k in acked} == acked
     # A reader of versions 1 and 2 refuses, in one line, before replaying anything.
     monkeypatch.setattr(walmod, "SEGMENTS_SAME_LAYOUT", (2,))
-    with pytest.raises(WALCorruption, match="unsupported segment version 3"):
+    with pytest.raises(WALCorruption, match=f"unsupported segment version {walmod.SEGMENT_VERSION}"):
+        WAL.open(os.path.join(cfg.data_dir, "wal"))
+    # ... and so does a reader of versions 1 to 3 (the builds before early send).
+    monkeypatch.setattr(walmod, "SEGMENTS_SAME_LAYOUT", (2, 3))
+    with pytest.raises(WALCorruption, match="unsupported segment version 4"):
         WAL.open(os.path.join(cfg.data_dir, "wal"))
 
 
@@ -136,7 +140,7 @@ async def test_the_build_before_refuses_a_data_dir_of_this_one(tmp_path):
     starting without writes."""
     cfgs, acked = await _data_dirs(tmp_path / "new")
     res = open_with_the_build_before(tmp_path, cfgs[0])
-    assert res["refused"] and "unsupported segment version 3" in res["refused"], res
+    assert res["refused"] and f"unsupported segment version {walmod.SEGMENT_VERSION}" in res["refused"], res
 
 
 def test_a_snapshot_of_an_unknown_version_is_refused_not_skipped(tmp_path):

@@ -130,7 +130,7 @@ async def test_a_crash_inside_restart_at_leaves_a_v3_data_dir_without_a_v3_segme
             versions.append(struct.unpack_from(">H", f.read(10), 8)[0])
     # The fence the change relies on ("a data dir that holds a version-3 snapshot
     # always holds a version-3 segment") no longer holds:
-    assert 3 in versions, f"version-3 snapshots, WAL segment versions {versions}: no fence"
+    assert any(v >= 3 for v in versions), f"version-3 snapshots, WAL segment versions {versions}: no fence"
 
 
 async def test_a_reader_of_versions_1_and_2_starts_empty_after_a_crash_inside_restart_at(tmp_path, monkeypatch):
@@ -140,10 +140,11 @@ async def test_a_reader_of_versions_1_and_2_starts_empty_after_a_crash_inside_re
     cfg = cfgs[0]
     _power_loss(cfg)
     _open_crashing_inside_restart_at(monkeypatch, cfg)
+    current = walmod.SEGMENT_VERSION
     monkeypatch.setattr(walmod, "SEGMENTS_SAME_LAYOUT", (2,))
     monkeypatch.setattr(walmod, "SEGMENT_VERSION", 2)
     # A reader of 1 and 2 must refuse this data dir (its snapshots are version 3).
-    with pytest.raises(walmod.WALCorruption, match="unsupported segment version 3"):
+    with pytest.raises(walmod.WALCorruption, match=f"unsupported segment version {current}"):
         wal, _ = WAL.open(os.path.join(cfg.data_dir, "wal"))
         wal.close()
 

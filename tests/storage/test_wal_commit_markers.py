@@ -241,12 +241,12 @@ def test_a_version_2_log_is_read_and_appends_go_to_a_new_version_3_segment(tmp_p
     snapshots on an empty state): the first open by this build closes a version-2
     last segment and starts a version-3 one, before any such snapshot can exist."""
     path, ps = batches(tmp_path, [2, 3], close=True)
-    assert _version_of(path) == walmod.SEGMENT_VERSION == 3
+    assert _version_of(path) == walmod.SEGMENT_VERSION == 4
     _set_version(path, 2)
     wal, recovered = WAL.open(tmp_path)
     assert [p for _, p in recovered] == ps
     new = os.path.join(tmp_path, segment_name(6))
-    assert wal.segment_paths == [path, new] and _version_of(new) == 3 and _version_of(path) == 2
+    assert wal.segment_paths == [path, new] and _version_of(new) == 4 and _version_of(path) == 2
     wal.append(b"new6")
     wal.close()
     wal, recovered = WAL.open(tmp_path)
@@ -258,7 +258,7 @@ def test_an_empty_version_2_last_segment_is_replaced_by_a_version_3_one(tmp_path
     path, _ = batches(tmp_path, [], close=True)
     _set_version(path, 2)
     wal, recovered = WAL.open(tmp_path)
-    assert recovered == [] and len(wal.segment_paths) == 1 and _version_of(wal.segment_paths[0]) == 3
+    assert recovered == [] and len(wal.segment_paths) == 1 and _version_of(wal.segment_paths[0]) == 4
     wal.close()
 
 
@@ -360,3 +360,21 @@ def test_makedirs_durable_syncs_every_parent_it_changes(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert calls == [("fsync_dir", str(tmp_path)), ("fsync_dir", str(tmp_path / "a")),
                      ("fsync_dir", str(tmp_path / "a" / "b")), ("fsync_dir", str(tmp_path / "a" / "b"))]
+
+
+def test_a_version_3_log_is_read_and_appends_go_to_a_new_version_4_segment(tmp_path):
+    """Version 4 (version 2's layout) fences a log that may hold early-send
+    reservations off from the builds before them (docs/early-send.md): they read 1 to
+    3 and would skip the "CR" records. The first open by this build closes a version-3
+    last segment, so a reservation only ever goes into a version-4 segment."""
+    path, ps = batches(tmp_path, [2, 3], close=True)
+    _set_version(path, 3)
+    wal, recovered = WAL.open(tmp_path)
+    assert [p for _, p in recovered] == ps
+    new = os.path.join(tmp_path, segment_name(6))
+    assert wal.segment_paths == [path, new] and _version_of(new) == 4 and _version_of(path) == 3
+    wal.append(b"CR")
+    wal.close()
+    wal, recovered = WAL.open(tmp_path)
+    assert [p for _, p in recovered] == ps + [b"CR"]
+    wal.close()

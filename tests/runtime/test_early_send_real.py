@@ -1,0 +1,51 @@
+"""Early send on real processes (docs/early-send.md): on by default in ``cellar serve``
+(so every kill -9 and linearizability test of tests/runtime runs with it), off with
+``--no-early-send`` or ``early_send = false``, and compared side by side by
+``cellar bench --early-send``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from consensus.runtime.node import NodeError
+from store.server import build_config
+
+
+def cellar(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_on_by_default_off_by_flag_or_setting(tmp_path):
+    base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
+    assert build_config(None, dict(base)).protocol_config().early_send is True
+    assert build_config(None, {**base, "early_send": False}).protocol_config().early_send is False
+    toml = tmp_path / "node.toml"
+    toml.write_text('early_send = "yes"\n')
+    with pytest.raises(NodeError, match="early_send = 'yes' is not true or false"):
+        build_config(str(toml), dict(base))
+    toml.write_text("early_send = false\n")
+    assert build_config(str(toml), dict(base)).early_send is False
+
+
+def test_bench_compares_early_send_off_and_on():
+    p = cellar("bench", "--early-send", "--rounds", "1", "--seconds", "0.5", "--warmup", "0", "--sessions", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert set(result["median"]) == {"waiting", "early"}
+    assert all(result["median"][v]["writes_per_s"] > 0 for v in ("waiting", "early"))
+    assert result["throughput_ratio_early_over_waiting"] > 0
+    assert all(m["errors"] == 0 for ms in result["runs"].values() for m in ms)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--early-send", "--tls"], "one comparison at a time"),
+    (["--early-send", "--protocol", "multipaxos"], "early send is SDPaxos's"),
+    (["--early-send", "--machine", "scheduler"], "measure the kv machine"),
+])
+def test_bench_early_send_usage_errors_are_one_line(args, message):
+    p = cellar("bench", *args, timeout=60)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
