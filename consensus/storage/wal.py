@@ -29,7 +29,7 @@ Writing (all on one thread, the event loop's)::
     durable = wal.sync()                    # group commit: one commit marker, one fsync
     wal.durable_seq, wal.last_seq, wal.first_seq, wal.stats["fsyncs"]
     wal.compact(upto_seq)                   # drop whole segments <= upto_seq, oldest first
-    wal.restart_at(first_seq)               # after open: drop all, continue at first_seq
+    wal.restart_at(first_seq)               # after open: a new (flagged) segment at first_seq, then drop the older ones
     wal.close()                             # sync (per mode), seal, release
     wal.abandon()                           # crash simulation: release without syncing
 
