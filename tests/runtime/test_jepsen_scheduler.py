@@ -96,8 +96,8 @@ def test_failed_invariants_and_disagreeing_replicas_are_caught():
 
 
 async def test_a_short_scheduler_run_under_faults_is_valid(tmp_path):
-    spec = RunSpec(workload="scheduler", nemesis=["kill", "pause", "clock", "disk"], nodes=3, seconds=10, sessions=6,
-                   seed=5, out_root=str(tmp_path))
+    spec = RunSpec(workload="scheduler", nemesis=["kill", "pause", "clock", "disk"], nodes=3, seconds=9, sessions=6,
+                   seed=8, out_root=str(tmp_path))
     r = await run_test(spec)
     assert r["verdict"] == VALID, json.dumps({k: r.get(k) for k in ("checks", "faults")}, default=str)[:3000]
     sc = r["checks"]["scheduler"]
