@@ -308,12 +308,12 @@ class _SegmentScan:
     discard: bool = False  # a torn segment creation: delete the file
 
 
-def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple[int, int, int] | None:
-    """(version, salt, header bytes), or None for a torn creation of the last segment.
-    Raises ``WALCorruption`` for any other header problem."""
+def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple[int, int, int, int] | None:
+    """(version, salt, header bytes, flags), or None for a torn creation of the last
+    segment. Raises ``WALCorruption`` for any other header problem."""
     size = len(data)
     problem = None
-    version = salt = 0
+    version = salt = flags = 0
     hdr = SEGMENT_HEADER_BYTES
     if size < SEGMENT_HEADER_BYTES_V1:
         problem = "segment header missing or torn"
@@ -332,7 +332,7 @@ def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple
             if size < SEGMENT_HEADER_BYTES:
                 problem = "segment header missing or torn"
             else:
-                _m, _v, _f, header_seq, salt, crc = _SEGMENT_HEADER.unpack_from(data, 0)
+                _m, _v, flags, header_seq, salt, crc = _SEGMENT_HEADER.unpack_from(data, 0)
                 if crc32c.crc32c(data[: hdr - 4]) != crc:
                     problem = "segment header checksum mismatch"
         else:
@@ -340,7 +340,7 @@ def _read_header(path: str, data: bytes, first_seq: int, is_last: bool) -> tuple
         if problem is None and header_seq != first_seq:
             raise WALCorruption(path, 0, f"segment header says first seq {header_seq}, file name says {first_seq}")
     if problem is None:
-        return version, salt, hdr
+        return version, salt, hdr, flags
     rest = data[SEGMENT_HEADER_BYTES:].strip(b"\x00")
     if is_last and not rest:
         # A crash while the segment was being created: its header is fsynced before
@@ -509,7 +509,7 @@ def _scan_segment(path: str, first_seq: int, is_last: bool, replay_from_seq: int
     if head is None:
         return _SegmentScan([], first_seq, 0, "segment header missing or torn (a crash while creating it)",
                             discard=True)
-    version, salt, _hdr = head
+    version, salt, _hdr, _flags = head
     if version == 1:
         return _scan_v1(path, data, first_seq, is_last, replay_from_seq)
     records, next_seq, valid_end, claimed, problem, bad_at = _walk_v2(data, salt, first_seq, replay_from_seq, collect)
@@ -626,15 +626,16 @@ class WAL:
         for i in range(len(found) - 1, 0, -1):
             with open(found[i].path, "rb") as f:
                 head = f.read(SEGMENT_HEADER_BYTES)
-            if len(head) == SEGMENT_HEADER_BYTES:
-                m, v, fl, fs, salt, crc = _SEGMENT_HEADER.unpack(head)
-                if (m == SEGMENT_MAGIC and v in SEGMENTS_SAME_LAYOUT and fl & FLAG_RESTART and fs == found[i].first_seq
-                        and crc32c.crc32c(head[:-4]) == crc):
-                    for seg in found[:i]:
-                        os.unlink(seg.path)
-                        fsync_dir(self.directory)
-                    found = found[i:]
-                    break
+            try:
+                parsed = _read_header(found[i].path, head, found[i].first_seq, False)
+            except WALCorruption:
+                parsed = None  # not a restart's segment; the scan below judges it
+            if parsed is not None and parsed[0] != 1 and parsed[3] & FLAG_RESTART:
+                for seg in found[:i]:
+                    os.unlink(seg.path)
+                    fsync_dir(self.directory)
+                found = found[i:]
+                break
 
         records: list[tuple[int, bytes]] = []
         replay: list[tuple[_Segment, int]] = []  # stream: (segment, first seq) to re-read
