@@ -31,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 import click
 
@@ -55,9 +56,9 @@ async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float
             await asyncio.wait_for(cellar.session().put("warm", "up"), 20)
             if warmup:
                 await run_load(cellar, sessions=sessions, seconds=warmup, value_bytes=value_bytes, seed=7)
-            cpu0 = _replicas_cpu_s(cluster)
+            cpu0, client0 = _replicas_cpu_s(cluster), time.process_time()
             res = await run_load(cellar, sessions=sessions, seconds=seconds, value_bytes=value_bytes, seed=1)
-            cpu1 = _replicas_cpu_s(cluster)
+            cpu1, client1 = _replicas_cpu_s(cluster), time.process_time()
             statuses = [await cellar.status(i) for i in range(replicas)]
         fsyncs = sum(s["wal"]["fsyncs"] for s in statuses)
         return {
@@ -72,6 +73,9 @@ async def measure(protocol: str, *, replicas: int, sessions: int, seconds: float
             # measured seconds: steadier than throughput on a shared machine.
             "replica_cpu_us_per_write": (round((cpu1 - cpu0) / res.ops * 1e6, 1)
                                          if cpu0 is not None and cpu1 is not None and res.ops else None),
+            # The load generator's own CPU (this process: the client library and the
+            # sessions) per acknowledged write.
+            "client_cpu_us_per_write": round((client1 - client0) / res.ops * 1e6, 1) if res.ops else None,
         }
     finally:
         cluster.stop_all()
@@ -101,7 +105,8 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
             m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
                               value_bytes=value_bytes, fsync=fsync)
             progress(f"round {r + 1} {protocol:10s} {m['writes_per_s']:>9.0f} writes/s  p50 {m['p50_ms']:6.2f} ms  "
-                     f"p99 {m['p99_ms']:6.2f} ms  errors {m['errors']}")
+                     f"p99 {m['p99_ms']:6.2f} ms  CPU us/write replicas {m['replica_cpu_us_per_write']} "
+                     f"client {m['client_cpu_us_per_write']}  errors {m['errors']}")
             runs[protocol].append(m)
     summary = {}
     for protocol, ms in runs.items():
@@ -147,18 +152,20 @@ async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: fl
                 m["variant"] = variant
                 progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
                          f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
-                         f"replica CPU {m['replica_cpu_us_per_write']} us/write  errors {m['errors']}")
+                         f"replica CPU {m['replica_cpu_us_per_write']} us/write  "
+                         f"client CPU {m['client_cpu_us_per_write']} us/write  errors {m['errors']}")
                 runs[variant].append(m)
     finally:
         shutil.rmtree(certs, ignore_errors=True)
-    def cpu(ms: list[dict]) -> float | None:
-        xs = [m["replica_cpu_us_per_write"] for m in ms if m.get("replica_cpu_us_per_write") is not None]
+    def cpu(ms: list[dict], key: str = "replica_cpu_us_per_write") -> float | None:
+        xs = [m[key] for m in ms if m.get(key) is not None]
         return round(statistics.median(xs), 1) if xs else None
 
     summary = {v: {"writes_per_s": round(statistics.median(m["writes_per_s"] for m in ms), 1),
                    "p50_ms": round(statistics.median(m["p50_ms"] for m in ms), 2),
                    "p99_ms": round(statistics.median(m["p99_ms"] for m in ms), 2),
-                   "replica_cpu_us_per_write": cpu(ms)} for v, ms in runs.items()}
+                   "replica_cpu_us_per_write": cpu(ms),
+                   "client_cpu_us_per_write": cpu(ms, "client_cpu_us_per_write")} for v, ms in runs.items()}
     cpu_ratios = [t["replica_cpu_us_per_write"] / p["replica_cpu_us_per_write"]
                   for t, p in zip(runs[other], runs[base])
                   if t.get("replica_cpu_us_per_write") and p.get("replica_cpu_us_per_write")]
@@ -181,7 +188,8 @@ def _print_tls_summary(result: dict) -> None:
                f"{result['sessions']} sessions, {result['value_bytes']}-byte values, fsync={result['fsync']}")
     for v in (base, other):
         click.echo(f"  {v:10s} {med[v]['writes_per_s']:>9.0f} writes/s  p50 {med[v]['p50_ms']:6.2f} ms  "
-                   f"p99 {med[v]['p99_ms']:6.2f} ms  replica CPU {med[v]['replica_cpu_us_per_write']} us/write")
+                   f"p99 {med[v]['p99_ms']:6.2f} ms  CPU us/write replicas {med[v]['replica_cpu_us_per_write']} "
+                   f"client {med[v]['client_cpu_us_per_write']}")
     click.echo(f"  {other} / {base} throughput: {result[f'throughput_ratio_{other}_over_{base}']}x "
                f"(per round: {result['per_round_ratios']})")
     click.echo(f"  {other} / {base} replica CPU per write: {result[f'cpu_per_write_ratio_{other}_over_{base}']}x "

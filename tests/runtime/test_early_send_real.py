@@ -38,6 +38,7 @@ def test_bench_compares_early_send_off_and_on():
     assert set(result["median"]) == {"waiting", "early"}
     assert all(result["median"][v]["writes_per_s"] > 0 for v in ("waiting", "early"))
     assert result["throughput_ratio_early_over_waiting"] > 0
+    assert all(m["client_cpu_us_per_write"] > 0 and m["replica_cpu_us_per_write"] > 0 for ms in result["runs"].values() for m in ms)
     assert all(m["errors"] == 0 for ms in result["runs"].values() for m in ms)
 
 
