@@ -99,7 +99,7 @@ def test_replicated_scheduler_genesis():
 
 @pytest.mark.parametrize("protocol", ["sdpaxos", pytest.param("multipaxos", marks=pytest.mark.slow)])
 def test_simulator_runs_the_scheduler(protocol):
-    cfg = SimConfig(protocol=protocol, machine="scheduler", machine_config=SMALL, rtt="lan", seconds=1.0,
+    cfg = SimConfig(protocol=protocol, machine="scheduler", machine_config=SMALL, rtt="lan", seconds=0.7,
                     clients_per_site=2, read_fraction=0.3, seed=3,
                     snapshot_every=20 if protocol == "sdpaxos" else 0,
                     faults=[(300, "crash", 1), (600, "restart", 1)])

@@ -48,10 +48,10 @@ def corpus_config(seed: int) -> SimConfig:
     )
 
 
-# The default suite replays the first 54 entries (every protocol, size, network, batch,
+# The default suite replays the first 30 entries (every protocol, size, network, batch,
 # jitter, loss, duplication, read mix and snapshot setting occurs among them: duplication
 # turns on at 27); the whole corpus runs with -m slow, and on a rewrite.
-DEFAULT_SEEDS = 54
+DEFAULT_SEEDS = 30
 
 
 def run_corpus(seeds: int = SEEDS) -> dict[str, str]:
