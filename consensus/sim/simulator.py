@@ -530,6 +530,9 @@ class Simulation:
         self.snaps[node] = snap
         self._snap_slot[node] = meta["slot"]
         live = self.nodes[node].compact(meta)
+        if self.sim_disks is not None:  # the rewrite makes the unsynced records durable (restated)
+            old = self.sim_disks[node]
+            self._note_values(node, old.records[old.synced:])
         self.disks[node] = list(live)  # the WAL now starts with the live records
         self._hash.update(b"S%d,%d,%d," % (self.now, node, meta["slot"]))
         if self.sim_disks is not None:
