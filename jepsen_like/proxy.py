@@ -1,9 +1,14 @@
-"""A delaying TCP proxy on loopback: wide-area round-trip times between local processes.
+"""A TCP proxy on loopback that delays bytes and, on the nemesis' command, cuts links.
 
-``cellar bench geo`` (bench/geo_bench.py) puts one of these in front of every peer
-link and between each site's clients and their replica, so that real ``cellar serve``
-processes see the RTTs of the paper's Table 1 (``consensus.sim.geo``) instead of
-loopback's::
+One forwarding core serves two users:
+
+- ``cellar bench geo`` (bench/geo_proxy.py re-exports ``DelayProxy``): fixed wide-area
+  delays in front of every peer link and between each site's clients and its replica;
+- the Jepsen harness (``ProxyNet``): partitions, one-way cuts and extra delay between
+  real processes where iptables cannot be used (no root, no iptables, or processes that
+  all dial from 127.0.0.1, as etcd's members do).
+
+``DelayProxy``::
 
     proxy = DelayProxy(("127.0.0.1", 7001), one_way_ms=10.0, back_ms=10.0, jitter=0.1, seed=1)
     host, port = await proxy.start()        # 127.0.0.1, a free port
@@ -20,6 +25,35 @@ chunk is due and writes everything that is due by then. Due times never decrease
 the bytes of a connection come out in the order they went in whatever the jitter (a
 chunk drawn early waits for the one before it, as on one TCP path).
 
+**Gates.** Each direction reads its delay and whether it is cut from a ``Gate``. A
+``DelayProxy`` alone has two gates of its own that never close; ``ProxyNet`` shares
+one gate per directed pair of nodes (a->b) between every connection that carries
+bytes from a to b, whoever dialed it, and the nemesis sets them. What a cut does
+(``mode``), always within what TCP can show an application:
+
+- ``hold`` (the default; iptables DROP): a cut direction reads nothing and writes
+  nothing; its bytes wait in the proxy's buffer and the kernel's, the sender's writes
+  block once they are full, and everything is delivered in order after the heal
+  unless an end gives up and closes first (TCP retransmitting across a partition).
+  The other direction flows (a one-way cut);
+- ``discard``: a cut direction reads and throws its bytes away, so the sender does not
+  block; a connection that lost bytes has a hole in its stream, which TCP never shows,
+  so at the heal it is aborted (both ends see a reset and reconnect) instead of
+  resuming (a connection that timed out during the partition);
+- ``reset`` (iptables REJECT): a cut aborts every connection of the pair at once.
+
+A *new* connection of a pair with either direction cut cannot complete TCP's
+handshake: ``hold`` and ``discard`` keep it accepted but unconnected until the heal
+(at most ``HELD_MAX`` per proxy; more are closed), ``reset`` closes it at once.
+
+**Duplication and reordering** are not what TCP delivers inside a connection (its
+sequence numbers drop duplicate and reorder late segments), so the proxy never
+duplicates or reorders bytes of a connection. What an application does see, and the
+proxy makes: bytes of *different* connections overtaking each other (per-link delay,
+``ProxyNet.delay``), and a connection reset, after which the application re-sends on
+a new connection (its retries are where duplicates come from: ``reset`` and
+``discard``).
+
 **Backpressure.** A direction holds at most ``buffer_bytes_max`` bytes not yet written
 (plus the one chunk being read, at most ``read_bytes``): past that its reader stops
 reading, the kernel's buffers fill and the sender's writes block, as on a slow link.
@@ -28,7 +62,7 @@ reading, the kernel's buffers fill and the sender's writes block, as on a slow l
 direction are still delivered at their due time, then both connections are closed;
 the other direction's undelivered bytes are dropped. A failure to reach the target
 closes the accepted connection at once. ``close()`` stops listening and aborts every
-connection; every wait in here is bounded by the delay, a timeout or a close.
+connection; every wait in here is bounded by the delay, a timeout, a heal or a close.
 
 Listens on loopback only (``ValueError`` otherwise): nothing here authenticates.
 """
@@ -40,8 +74,11 @@ import collections
 import hashlib
 import ipaddress
 import random
+import os
 import socket
+import sys
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 READ_BYTES = 64 * 1024
 BUFFER_BYTES_MAX = 1 << 20
@@ -104,17 +141,38 @@ class ProxyStats:
 
 
 _LATENESS_SAMPLES_MAX = 100_000
+MODES = ("hold", "discard", "reset")
+HELD_MAX = 64  # connections a proxy keeps accepted but unconnected during a cut
+
+
+class Gate:
+    """One direction of one link: its delay and whether it is cut (``ProxyNet`` sets it)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.cut = False
+        self.open = asyncio.Event()  # set while not cut
+        self.open.set()
+        self.dropped_bytes = 0  # discarded while cut (mode discard)
+
+    def set_cut(self, cut: bool) -> None:
+        self.cut = cut
+        if cut:
+            self.open.clear()
+        else:
+            self.open.set()
 
 
 class _Direction:
     """Bytes from ``reader`` to ``writer``, each chunk held until its due time."""
 
     def __init__(self, proxy: DelayProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 delay_s: float, rng: random.Random, forward: bool) -> None:
+                 gate: Gate, rng: random.Random, forward: bool, conn: _Conn) -> None:
         self.proxy = proxy
         self.reader = reader
         self.writer = writer
-        self.delay_s = delay_s
+        self.gate = gate
+        self.conn = conn
         self.rng = rng
         self.forward = forward
         self.queue: collections.deque[tuple[float, bytes]] = collections.deque()
@@ -125,7 +183,7 @@ class _Direction:
         self.room.set()
 
     def due(self, now: float) -> float:
-        d = self.delay_s
+        d = self.gate.delay_s
         if self.proxy.jitter and d:
             d += self.rng.uniform(0.0, self.proxy.jitter * d)
         self.last_due = max(self.last_due, now + d)
@@ -136,15 +194,23 @@ class _Direction:
         loop = asyncio.get_running_loop()
         stats = self.proxy.stats
         limit = self.proxy.buffer_bytes_max
+        gate = self.gate
+        discard = self.proxy.mode == "discard"
         while True:
             while self.buffered >= limit:  # bounded: the writer drains or the connection closes
                 stats.backpressure_waits += 1
                 self.room.clear()
                 await self.room.wait()
+            if gate.cut and not discard:
+                await gate.open.wait()  # hold: bounded by the heal or the connection's close
             try:
                 chunk = await self.reader.read(self.proxy.read_bytes)
             except (ConnectionError, OSError):
                 chunk = _EOF
+            if chunk and gate.cut and discard:
+                gate.dropped_bytes += len(chunk)
+                self.conn.holed = True  # aborted at the heal: its stream has a hole
+                continue
             self.queue.append((self.due(loop.time()), chunk))
             self.ready.set()
             if not chunk:
@@ -167,6 +233,8 @@ class _Direction:
             wait = self.queue[0][0] - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            if self.gate.cut:
+                await self.gate.open.wait()  # bytes read before a cut wait for the heal
             now = loop.time()
             out: list[bytes] = []
             eof = False
@@ -196,22 +264,50 @@ class _Direction:
                 return
 
 
+class _Conn:
+    """One accepted connection: its writers (to abort it) and whether it lost bytes."""
+
+    __slots__ = ("writers", "holed", "key")
+
+    def __init__(self, key: Any) -> None:
+        self.writers: list[asyncio.StreamWriter] = []
+        self.holed = False
+        self.key = key
+
+    def abort(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+
+
+# Picks the gates of an accepted connection from the peer's address: (key, forward gate,
+# back gate), or None when the connection cannot be placed (it is closed).
+Router = Callable[[tuple[str, int]], "tuple[Any, Gate, Gate] | None"]
+
+
 class DelayProxy:
     """Listens on loopback and forwards each connection to ``target``, delaying bytes
-    toward the target by ``one_way_ms`` and back by ``back_ms`` (default: the same)."""
+    toward the target by ``one_way_ms`` and back by ``back_ms`` (default: the same).
 
-    def __init__(self, target: tuple[str, int], one_way_ms: float, back_ms: float | None = None, *,
+    ``route`` (``ProxyNet``) gives each accepted connection shared gates instead of the
+    proxy's own; ``mode`` says what a cut gate does (module docstring)."""
+
+    def __init__(self, target: tuple[str, int], one_way_ms: float = 0.0, back_ms: float | None = None, *,
                  jitter: float = 0.0, seed: int = 0, name: str = "", buffer_bytes_max: int = BUFFER_BYTES_MAX,
-                 read_bytes: int = READ_BYTES) -> None:
+                 read_bytes: int = READ_BYTES, route: Router | None = None, mode: str = "hold") -> None:
         if one_way_ms < 0 or (back_ms is not None and back_ms < 0):
             raise ValueError("delays must be >= 0 ms")
         if jitter < 0:
             raise ValueError("jitter must be >= 0 (a fraction of the one-way delay)")
         if buffer_bytes_max < 1 or read_bytes < 1:
             raise ValueError("buffer_bytes_max and read_bytes must be >= 1")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
         self.target = target
         self.forward_s = one_way_ms / 1000
         self.back_s = (one_way_ms if back_ms is None else back_ms) / 1000
+        self.gates = (Gate(self.forward_s), Gate(self.back_s))
+        self.route = route
+        self.mode = mode
         self.jitter = jitter
         self.seed = seed
         self.name = name or f"proxy->{target[0]}:{target[1]}"
@@ -221,6 +317,8 @@ class DelayProxy:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.live: set[_Conn] = set()  # connections being served (ProxyNet aborts some)
+        self.held = 0  # accepted, waiting for a heal to connect
         self._accepted = 0
         self.address: tuple[str, int] | None = None
 
@@ -252,7 +350,27 @@ class DelayProxy:
         index = self._accepted
         self._accepted += 1
         t_writer: asyncio.StreamWriter | None = None
+        conn: _Conn | None = None
         try:
+            if self.route is None:
+                key, fwd_gate, back_gate = None, *self.gates
+            else:
+                placed = self.route(c_writer.get_extra_info("peername"))
+                if placed is None:
+                    self.stats.connect_failures += 1
+                    return
+                key, fwd_gate, back_gate = placed
+            if fwd_gate.cut or back_gate.cut:  # no handshake across a cut
+                if self.mode == "reset" or self.held >= HELD_MAX:
+                    c_writer.transport.abort()
+                    return
+                self.held += 1
+                try:
+                    while fwd_gate.cut or back_gate.cut:  # bounded by a heal or close()
+                        await fwd_gate.open.wait()
+                        await back_gate.open.wait()
+                finally:
+                    self.held -= 1
             try:
                 t_reader, t_writer = await asyncio.wait_for(asyncio.open_connection(*self.target), CONNECT_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError):
@@ -267,10 +385,13 @@ class DelayProxy:
                         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     except OSError:
                         pass
-            fwd = _Direction(self, c_reader, t_writer, self.forward_s,
-                             random.Random(link_seed(self.seed, f"{self.name}#{index}>")), True)
-            back = _Direction(self, t_reader, c_writer, self.back_s,
-                              random.Random(link_seed(self.seed, f"{self.name}#{index}<")), False)
+            conn = _Conn(key)
+            conn.writers = [c_writer, t_writer]
+            self.live.add(conn)
+            fwd = _Direction(self, c_reader, t_writer, fwd_gate,
+                             random.Random(link_seed(self.seed, f"{self.name}#{index}>")), True, conn)
+            back = _Direction(self, t_reader, c_writer, back_gate,
+                              random.Random(link_seed(self.seed, f"{self.name}#{index}<")), False, conn)
             tasks = [asyncio.ensure_future(x) for x in (fwd.pump(), fwd.deliver(), back.pump(), back.deliver())]
             try:
                 # Either direction delivering its EOF (or failing to write) ends the connection.
@@ -280,6 +401,8 @@ class DelayProxy:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            if conn is not None:
+                self.live.discard(conn)
             for w in (c_writer, t_writer):
                 if w is not None:
                     self._writers.discard(w)
@@ -290,6 +413,13 @@ class DelayProxy:
                         await asyncio.wait_for(w.wait_closed(), CLOSE_TIMEOUT_S)
                     except (OSError, asyncio.TimeoutError):
                         pass
+
+    def abort(self, which: Callable[[_Conn], bool]) -> int:
+        """Abort the live connections ``which`` picks (both ends see a reset); how many."""
+        gone = [c for c in self.live if which(c)]
+        for c in gone:
+            c.abort()
+        return len(gone)
 
     async def close(self) -> None:
         """Stop listening, abort every connection, wait (bounded) for their tasks."""
@@ -308,3 +438,134 @@ class DelayProxy:
             except asyncio.TimeoutError:
                 pass
             self._server = None
+
+
+# --- the Jepsen harness's network: one gate per directed pair of nodes ------------------
+
+
+class ProxyNet:
+    """Fault proxies between ``n`` nodes, with the partition interface of
+    ``jepsen_like.nemesis.IptablesNet`` (``drop``, ``partition``, ``heal``, ``close``).
+
+    Gate (a, b) carries every byte from node a to node b: the forward direction of
+    connections a dials to b, the back direction of those b dials to a. Two ways to
+    put a proxy in front of a node:
+
+    - ``pair(i, j, target)``: a listener node i dials to reach j (Cellar: node i's
+      ``--peers`` entry for j), so the listener names the pair;
+    - ``node(j, target, source)``: one listener in front of node j for every peer, and
+      ``source(peer_address)`` names the node that dialed (etcd: members all dial from
+      127.0.0.1, told apart by who owns the socket, ``loopback_owner``).
+
+    Runs on the caller's event loop (``in_loop``: call it from there, not a thread)."""
+
+    in_loop = True
+
+    def __init__(self, n: int, *, mode: str = "hold", seed: int = 0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown proxy mode {mode!r} ({', '.join(MODES)})")
+        self.n, self.mode, self.seed = n, mode, seed
+        self.gates = {(a, b): Gate() for a in range(n) for b in range(n) if a != b}
+        self.proxies: list[DelayProxy] = []
+        self.cut: set[tuple[int, int]] = set()
+        self.aborted = 0  # connections reset by a cut (reset) or a heal (discard)
+
+    def _placed(self, i: int | None, j: int) -> tuple[Any, Gate, Gate] | None:
+        if i is None or i == j or not 0 <= i < self.n:
+            return None
+        return (i, j), self.gates[(i, j)], self.gates[(j, i)]
+
+    async def pair(self, i: int, j: int, target: tuple[str, int]) -> tuple[str, int]:
+        proxy = DelayProxy(target, route=lambda _peer: self._placed(i, j), mode=self.mode, seed=self.seed,
+                           name=f"{i}->{j}")
+        self.proxies.append(proxy)
+        return await proxy.start()
+
+    async def node(self, j: int, target: tuple[str, int], source: Callable[[tuple[str, int]], int | None]
+                   ) -> tuple[str, int]:
+        proxy = DelayProxy(target, route=lambda peer: self._placed(source(peer), j), mode=self.mode,
+                           seed=self.seed, name=f"*->{j}")
+        self.proxies.append(proxy)
+        return await proxy.start()
+
+    def drop(self, pairs: set[tuple[int, int]]) -> None:
+        """Cut exactly ``pairs`` (src node, dst node), one direction each, healing others."""
+        self.heal()
+        for p in sorted(pairs):
+            self.gates[p].set_cut(True)
+        self.cut = set(pairs)
+        if self.mode == "reset":
+            touched = self.cut | {(b, a) for a, b in self.cut}
+            self.aborted += sum(p.abort(lambda c: c.key in touched) for p in self.proxies)
+
+    def partition(self, groups: list[set[int]]) -> None:
+        """Nodes talk only within their group (a node may be in several: a bridge)."""
+        self.drop({(a, b) for a in range(self.n) for b in range(self.n)
+                   if a != b and not any(a in g and b in g for g in groups)})
+
+    def heal(self) -> None:
+        for p in self.cut:
+            self.gates[p].set_cut(False)
+        self.cut = set()
+        # a connection that lost bytes (discard) must not resume with a hole in its stream
+        self.aborted += sum(p.abort(lambda c: c.holed) for p in self.proxies)
+
+    def delay(self, pairs: set[tuple[int, int]], ms: float) -> None:
+        """Bytes from a to b wait ``ms`` more, for every (a, b) in ``pairs`` (0: none)."""
+        for p in pairs:
+            self.gates[p].delay_s = ms / 1000
+
+    def rules(self) -> list[str]:
+        return [f"cut {a}->{b}" for a, b in sorted(self.cut)]
+
+    def stats(self) -> dict[str, Any]:
+        return {"mode": self.mode, "proxies": len(self.proxies), "aborted": self.aborted,
+                "connections": sum(p.stats.connections for p in self.proxies),
+                "refused": sum(p.stats.connect_failures for p in self.proxies),
+                "bytes": sum(p.stats.bytes_forward + p.stats.bytes_back for p in self.proxies),
+                "dropped_bytes": sum(g.dropped_bytes for g in self.gates.values())}
+
+    async def aclose(self) -> None:
+        self.heal()
+        for p in self.proxies:
+            await p.close()
+        self.proxies = []
+
+    def close(self) -> None:
+        """Heal (the proxies themselves end with ``aclose`` on the loop)."""
+        self.heal()
+
+
+def _proc_addr(host: str, port: int) -> str:
+    return "%08X:%04X" % (int.from_bytes(socket.inet_aton(host), sys.byteorder), port)
+
+
+def loopback_owner(peer: tuple[str, int], local: tuple[str, int], pids: dict[int, int]) -> int | None:
+    """Which of ``pids`` (pid -> node) owns the socket that connected from ``peer`` to
+    ``local`` (IPv4, Linux: /proc/net/tcp and each pid's fds); None if none does."""
+    want_local, want_remote = _proc_addr(*peer[:2]), _proc_addr(*local[:2])
+    inode = None
+    try:
+        with open("/proc/net/tcp") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 9 and parts[1] == want_local and parts[2] == want_remote:
+                    inode = parts[9]
+                    break
+    except OSError:
+        return None
+    if inode is None:
+        return None
+    link = f"socket:[{inode}]"
+    for pid, node in pids.items():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:  # bounded by the process's open files
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    return node
+            except OSError:
+                continue
+    return None
