@@ -41,6 +41,7 @@ from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, cl
                       rate_of, schedule)
 from .disk import can_mount
 from .plots import op_points, stalls
+from .proxy import ProxyNet
 from .scheduler_workload import HttpScheduler, check_scheduler, default_hived_config, final_state, run_scheduler_workload
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
@@ -69,6 +70,17 @@ class RunSpec:
     planted: str = ""
     # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
     hived_config: str = ""
+    # How partitions are made: "iptables" (DROP rules between the nodes' addresses, root),
+    # "proxy" (jepsen_like.proxy: every peer link through a fault proxy in this process),
+    # or "" (iptables when it can be used here, else the proxy).
+    net: str = ""
+    target: str = "cellar"  # or "etcd" (jepsen_like.etcd_db)
+    proxy_mode: str = "hold"  # what a cut does in the proxy: hold, discard or reset
+
+    def net_kind(self) -> str:
+        if self.net:
+            return self.net
+        return "iptables" if iptables_available() is None else "proxy"
 
     def validate(self) -> None:
         if self.workload not in WORKLOADS:
@@ -84,10 +96,14 @@ class RunSpec:
             raise ValueError("seconds must be within 5-3600")
         if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail"):
             raise ValueError(f"unknown planted bug {self.planted!r}")
-        if "partition" in self.nemesis:
+        if self.net not in ("", "iptables", "proxy"):
+            raise ValueError(f"unknown net {self.net!r} (iptables, proxy)")
+        if self.proxy_mode not in ("hold", "discard", "reset"):
+            raise ValueError(f"unknown proxy mode {self.proxy_mode!r} (hold, discard, reset)")
+        if "partition" in self.nemesis and self.net == "iptables":
             why = iptables_available()
             if why:
-                raise ValueError(f"the partition nemesis needs iptables: {why}")
+                raise ValueError(f"the partition nemesis with --net iptables: {why} (or --net proxy)")
 
 
 async def _in_thread(fn: Callable, *args: Any) -> Any:
@@ -116,7 +132,7 @@ async def _converge(db: CellarDB, timeout_s: float) -> tuple[bool, list]:
 class _Nemesis:
     """Applies the schedule and records what really happened, on the history's clock."""
 
-    def __init__(self, db: CellarDB, net: IptablesNet | None, rec: Recorder, rng: random.Random) -> None:
+    def __init__(self, db: CellarDB, net: IptablesNet | ProxyNet | None, rec: Recorder, rng: random.Random) -> None:
         self.db, self.net, self.rec, self.rng = db, net, rec, rng
         self.proc = ProcessNemesis(db)
         self.clock = ClockNemesis(db) if db.clock_control else None
@@ -202,7 +218,7 @@ class _Nemesis:
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
-        await _in_thread(self.net.drop, pairs)
+        await self._net(self.net.drop, pairs)
         return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
 
     async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
@@ -218,12 +234,19 @@ class _Nemesis:
             assert self.clock is not None
             await _in_thread(self.clock.reset)
         elif self.net is not None:
-            await _in_thread(self.net.heal)
+            await self._net(self.net.heal)
         return None
+
+    async def _net(self, call: Callable, *args: Any) -> None:
+        """The proxy's gates live on this loop; iptables runs commands (in a thread)."""
+        if getattr(self.net, "in_loop", False):
+            call(*args)
+        else:
+            await _in_thread(call, *args)
 
     async def heal_all(self) -> None:
         if self.net is not None:
-            await _in_thread(self.net.heal)
+            await self._net(self.net.heal)
         if self.clock is not None:
             await _in_thread(self.clock.reset)
         await _in_thread(self.disk.restore_all)
@@ -275,17 +298,20 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
                   clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
                   machine="scheduler" if sched else "kv", extra_args=machine_args)
-    net: IptablesNet | None = None
+    net: IptablesNet | ProxyNet | None = None
+    net_kind = spec.net_kind() if "partition" in spec.nemesis else ""
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
     nem: _Nemesis | None = None
     try:
+        if net_kind == "proxy":
+            net = await _proxied(db, spec)
         db.start_all()
         await db.await_ready(timeout_s=60.0)
-        if "partition" in spec.nemesis:
+        if net_kind == "iptables":
             net = IptablesNet(db.ips)
         windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
-        say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
+        say(f"{spec.nodes} nodes on {', '.join(db.ips)}{f'; partitions through {net_kind}' if net_kind else ''}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with contextlib.AsyncExitStack() as stack:
             http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
@@ -368,8 +394,26 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         if net is not None:
             net.close()
         db.teardown()
+        if isinstance(net, ProxyNet):
+            result["net"] = {"kind": "proxy", **net.stats()}
+            await net.aclose()
+        elif net is not None:
+            result["net"] = {"kind": "iptables"}
         _write_outputs(out, rec, result, db)
     return result
+
+
+async def _proxied(db: CellarDB, spec: RunSpec) -> ProxyNet:
+    """A fault proxy for every directed pair of nodes; node i dials peer j through (i, j)."""
+    net = ProxyNet(db.n, mode=spec.proxy_mode, seed=spec.seed)
+    dial: dict[int, dict[int, tuple[str, int]]] = {}
+    for i in range(db.n):
+        dial[i] = {i: (db.hosts[i], db.peer_ports[i])}
+        for j in range(db.n):
+            if j != i:
+                dial[i][j] = await net.pair(i, j, (db.hosts[j], db.peer_ports[j]))
+    db.dial = dial
+    return net
 
 
 def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarDB) -> None:
