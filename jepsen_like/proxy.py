@@ -110,6 +110,7 @@ class ProxyStats:
 
     connections: int = 0
     connect_failures: int = 0
+    unplaced: int = 0  # connections whose caller the route could not name (closed)
     bytes_forward: int = 0  # client to target
     bytes_back: int = 0  # target to client
     chunks: int = 0
@@ -131,7 +132,7 @@ class ProxyStats:
         late = sorted(self.lateness_samples)
         p99 = late[min(len(late) - 1, int(0.99 * len(late)))] if late else 0.0
         return {
-            "connections": self.connections, "connect_failures": self.connect_failures,
+            "connections": self.connections, "connect_failures": self.connect_failures, "unplaced": self.unplaced,
             "bytes_forward": self.bytes_forward, "bytes_back": self.bytes_back, "chunks": self.chunks,
             "lateness_ms_mean": round(self.lateness_ms_total / self.chunks, 3) if self.chunks else 0.0,
             "lateness_ms_p99": round(p99, 3), "lateness_ms_max": round(self.lateness_ms_max, 3),
@@ -357,7 +358,7 @@ class DelayProxy:
             else:
                 placed = self.route(c_writer.get_extra_info("peername"))
                 if placed is None:
-                    self.stats.connect_failures += 1
+                    self.stats.unplaced += 1
                     return
                 key, fwd_gate, back_gate = placed
             if fwd_gate.cut or back_gate.cut:  # no handshake across a cut
@@ -521,7 +522,8 @@ class ProxyNet:
     def stats(self) -> dict[str, Any]:
         return {"mode": self.mode, "proxies": len(self.proxies), "aborted": self.aborted,
                 "connections": sum(p.stats.connections for p in self.proxies),
-                "refused": sum(p.stats.connect_failures for p in self.proxies),
+                "target_unreachable": sum(p.stats.connect_failures for p in self.proxies),
+                "unplaced": sum(p.stats.unplaced for p in self.proxies),
                 "bytes": sum(p.stats.bytes_forward + p.stats.bytes_back for p in self.proxies),
                 "dropped_bytes": sum(g.dropped_bytes for g in self.gates.values())}
 

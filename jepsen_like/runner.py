@@ -78,6 +78,8 @@ class RunSpec:
     proxy_mode: str = "hold"  # what a cut does in the proxy: hold, discard or reset
 
     def net_kind(self) -> str:
+        if self.net or self.target == "etcd":
+            return self.net or "proxy"
         if self.net:
             return self.net
         return "iptables" if iptables_available() is None else "proxy"
@@ -100,6 +102,21 @@ class RunSpec:
             raise ValueError(f"unknown net {self.net!r} (iptables, proxy)")
         if self.proxy_mode not in ("hold", "discard", "reset"):
             raise ValueError(f"unknown proxy mode {self.proxy_mode!r} (hold, discard, reset)")
+        if self.target not in ("cellar", "etcd"):
+            raise ValueError(f"unknown target {self.target!r} (cellar, etcd)")
+        if self.target == "etcd":
+            from .etcd_db import etcd_missing
+
+            if self.workload not in ("kv", "register"):
+                raise ValueError(f"the etcd target runs the kv and register workloads, not {self.workload}")
+            if set(self.nemesis) - {"partition", "kill", "pause"}:
+                raise ValueError("the etcd target's nemeses are partition, kill and pause")
+            if self.net == "iptables":
+                raise ValueError("etcd's members all dial from 127.0.0.1: iptables cannot tell them apart "
+                                 "(partitions go through the proxy: --net proxy)")
+            why = etcd_missing()
+            if why:
+                raise ValueError(f"the etcd target: {why}")
         if "partition" in self.nemesis and self.net == "iptables":
             why = iptables_available()
             if why:
@@ -286,7 +303,7 @@ def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, An
 async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     spec.validate()
     say = progress or (lambda _m: None)
-    name = spec.name or f"{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
+    name = spec.name or f"{'etcd-' if spec.target == 'etcd' else ''}{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-s{spec.seed}"
     out = Path(spec.out_root) / name / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -295,9 +312,16 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     disk_full = "disk" in spec.nemesis and can_mount() is None
     sched = spec.workload == "scheduler"
     machine_args = ["--hived-config", spec.hived_config or default_hived_config()] if sched else []
-    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
-                  clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
-                  machine="scheduler" if sched else "kv", extra_args=machine_args)
+    etcd = spec.target == "etcd"
+    db: Any
+    if etcd:
+        from .etcd_db import EtcdDB
+
+        db = EtcdDB(str(out / "db"), spec.nodes)
+    else:
+        db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
+                      clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
+                      machine="scheduler" if sched else "kv", extra_args=machine_args)
     net: IptablesNet | ProxyNet | None = None
     net_kind = spec.net_kind() if "partition" in spec.nemesis else ""
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
@@ -313,7 +337,12 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}{f'; partitions through {net_kind}' if net_kind else ''}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with contextlib.AsyncExitStack() as stack:
-            http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
+            if etcd:
+                from .etcd_db import EtcdKV
+
+                http = await stack.enter_async_context(EtcdKV(db.urls, timeout_s=2.0))
+            else:
+                http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
                 while not all(b and b.get("ready") for b in await http.readyz()):
                     await asyncio.sleep(0.2)
@@ -345,7 +374,12 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             rec.nemesis("heal", "everything")
             say("healed; waiting for the replicas to converge")
             await db.await_ready(timeout_s=60.0)
-            converged, statuses = await _converge(db, 90.0)
+            if etcd:
+                from .etcd_db import converge
+
+                converged, statuses = await converge(db, 90.0)
+            else:
+                converged, statuses = await _converge(db, 90.0)
             if scheduler is not None:
                 final = await final_state(scheduler)
             else:
@@ -403,9 +437,20 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     return result
 
 
-async def _proxied(db: CellarDB, spec: RunSpec) -> ProxyNet:
-    """A fault proxy for every directed pair of nodes; node i dials peer j through (i, j)."""
+async def _proxied(db: Any, spec: RunSpec) -> ProxyNet:
+    """Cellar: a fault proxy for every directed pair of nodes; node i dials peer j through
+    (i, j). etcd: one in front of each member's peer port, its advertised peer URL, which
+    tells its callers apart by who owns the socket."""
     net = ProxyNet(db.n, mode=spec.proxy_mode, seed=spec.seed)
+    if spec.target == "etcd":
+        from .proxy import loopback_owner
+
+        for j in range(db.n):
+            addr: list[tuple[str, int]] = []
+            addr.append(await net.node(j, ("127.0.0.1", db.peer_ports[j]),
+                                       lambda peer, a=addr: loopback_owner(peer, a[0], db.pids())))
+            db.advertise[j] = addr[0]
+        return net
     dial: dict[int, dict[int, tuple[str, int]]] = {}
     for i in range(db.n):
         dial[i] = {i: (db.hosts[i], db.peer_ports[i])}
