@@ -139,7 +139,9 @@ class EtcdDB:
     def resume(self, i: int) -> bool:
         return self._signal(i, signal.SIGCONT)
 
-    def teardown(self, timeout_s: float = 5.0) -> None:
+    def teardown(self, timeout_s: float = 2.0) -> None:
+        """SIGTERM every member, SIGKILL past ``timeout_s`` (a leader stopping transfers its
+        leadership first, which waits for members that are stopping too: a few seconds)."""
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
             p.send_signal(signal.SIGCONT)  # a paused member cannot act on SIGTERM

@@ -23,8 +23,24 @@ def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out, ne
     try:
         spec.validate()
     except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        _fail(str(e))
     return spec
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit status 2 (bad arguments, or the cluster could not be run)."""
+    click.echo(f"cellar jepsen: {message}", err=True)
+    sys.exit(2)
+
+
+def _run(spec: RunSpec, progress) -> dict:
+    from .nemesis import NemesisError
+
+    try:
+        return asyncio.run(run_test(spec, progress=progress))
+    except (RuntimeError, TimeoutError, OSError, NemesisError) as e:  # a node that would not start, ...
+        _fail(f"{type(e).__name__}: {str(e)[:400]}")
+        raise  # not reached
 
 
 def _line(r: dict) -> str:
@@ -89,7 +105,7 @@ def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy
     """One test; exit 0 valid, 1 invalid, 2 unknown."""
     spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, seed, out, net, proxy_mode, target)
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    r = asyncio.run(run_test(spec, progress=say))
+    r = _run(spec, say)
     if as_json:
         click.echo(json.dumps(r, default=str))
     else:
@@ -114,7 +130,7 @@ def campaign(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, 
     rows = []
     for s in range(seed, seed + count):
         spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, s, out, net, proxy_mode, target)
-        r = asyncio.run(run_test(spec, progress=(lambda m: click.echo(m, err=True)) if as_json else None))
+        r = _run(spec, (lambda m: click.echo(m, err=True)) if as_json else None)
         rows.append(r)
         if not as_json:
             click.echo(_line(r))

@@ -155,6 +155,7 @@ class Gate:
         self.open = asyncio.Event()  # set while not cut
         self.open.set()
         self.dropped_bytes = 0  # discarded while cut (mode discard)
+        self.holds = 0  # times a direction stopped at this gate while it was cut (hold)
 
     def set_cut(self, cut: bool) -> None:
         self.cut = cut
@@ -203,6 +204,7 @@ class _Direction:
                 self.room.clear()
                 await self.room.wait()
             if gate.cut and not discard:
+                gate.holds += 1
                 await gate.open.wait()  # hold: bounded by the heal or the connection's close
             try:
                 chunk = await self.reader.read(self.proxy.read_bytes)
@@ -235,6 +237,7 @@ class _Direction:
             if wait > 0:
                 await asyncio.sleep(wait)
             if self.gate.cut:
+                self.gate.holds += 1
                 await self.gate.open.wait()  # bytes read before a cut wait for the heal
             now = loop.time()
             out: list[bytes] = []
@@ -525,7 +528,8 @@ class ProxyNet:
                 "target_unreachable": sum(p.stats.connect_failures for p in self.proxies),
                 "unplaced": sum(p.stats.unplaced for p in self.proxies),
                 "bytes": sum(p.stats.bytes_forward + p.stats.bytes_back for p in self.proxies),
-                "dropped_bytes": sum(g.dropped_bytes for g in self.gates.values())}
+                "dropped_bytes": sum(g.dropped_bytes for g in self.gates.values()),
+                "holds": sum(g.holds for g in self.gates.values())}
 
     async def aclose(self) -> None:
         self.heal()

@@ -427,7 +427,10 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     finally:
         if net is not None:
             net.close()
-        db.teardown()
+        if isinstance(net, ProxyNet):  # the proxies serve this loop: keep it running (etcd's
+            await _in_thread(db.teardown)  # members talk to each other as they stop)
+        else:
+            db.teardown()
         if isinstance(net, ProxyNet):
             result["net"] = {"kind": "proxy", **net.stats()}
             await net.aclose()
