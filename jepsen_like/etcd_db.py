@@ -27,6 +27,7 @@ and applied Raft index, and ``/v3/maintenance/hash`` the same hash (the runner's
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import shutil
@@ -109,6 +110,9 @@ class EtcdDB:
                                              stdin=subprocess.DEVNULL, start_new_session=True)
 
     def start_all(self) -> None:
+        # etcd has no --exit-with-parent: if the harness ends without its teardown (an
+        # exception it did not catch, Ctrl-C), stop the members at exit, by pid
+        atexit.register(self.teardown)
         for i in range(self.n):
             self.start(i)
 

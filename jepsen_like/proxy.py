@@ -548,14 +548,16 @@ def _proc_addr(host: str, port: int) -> str:
 
 def loopback_owner(peer: tuple[str, int], local: tuple[str, int], pids: dict[int, int]) -> int | None:
     """Which of ``pids`` (pid -> node) owns the socket that connected from ``peer`` to
-    ``local`` (IPv4, Linux: /proc/net/tcp and each pid's fds); None if none does."""
+    ``local`` (IPv4, Linux: /proc/net/tcp and each pid's fds); None if none does, or if
+    the caller closed its socket before we looked (it dials again)."""
     want_local, want_remote = _proc_addr(*peer[:2]), _proc_addr(*local[:2])
     inode = None
     try:
         with open("/proc/net/tcp") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 9 and parts[1] == want_local and parts[2] == want_remote:
+                # inode 0: a socket already closed (TIME_WAIT of an earlier connection on the same ports)
+                if len(parts) > 9 and parts[1] == want_local and parts[2] == want_remote and parts[9] != "0":
                     inode = parts[9]
                     break
     except OSError:

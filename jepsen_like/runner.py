@@ -427,15 +427,15 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     finally:
         if net is not None:
             net.close()
-        if isinstance(net, ProxyNet):  # the proxies serve this loop: keep it running (etcd's
-            await _in_thread(db.teardown)  # members talk to each other as they stop)
+        if isinstance(net, ProxyNet):  # the run's figures, before the nodes stop and redial
+            result["net"] = {"kind": "proxy", **net.stats()}
+            # the proxies serve this loop: keep it running (etcd's members talk as they stop)
+            await _in_thread(db.teardown)
+            await net.aclose()
         else:
             db.teardown()
-        if isinstance(net, ProxyNet):
-            result["net"] = {"kind": "proxy", **net.stats()}
-            await net.aclose()
-        elif net is not None:
-            result["net"] = {"kind": "iptables"}
+            if net is not None:
+                result["net"] = {"kind": "iptables"}
         _write_outputs(out, rec, result, db)
     return result
 
