@@ -66,7 +66,9 @@ class RunSpec:
     snapshot_every: int = 2000
     # A deliberately broken client between the workload and the cluster, to show the
     # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
-    # "info-as-fail" (jepsen_like.client's wrappers).
+    # "info-as-fail" (jepsen_like.client's wrappers); or a faulty HTTP proxy in front of
+    # every node's gateway: "proxy-ack-dropped-writes", "proxy-stale-replies",
+    # "proxy-swap-replies" (jepsen_like.faulty_proxy).
     planted: str = ""
     # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
     hived_config: str = ""
@@ -96,7 +98,9 @@ class RunSpec:
             raise ValueError(f"{self.nodes} nodes: 3, 5, 7, ...")
         if not 5 <= self.seconds <= 3600:
             raise ValueError("seconds must be within 5-3600")
-        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail"):
+        from .faulty_proxy import BUGS
+
+        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail", *(f"proxy-{b}" for b in BUGS)):
             raise ValueError(f"unknown planted bug {self.planted!r}")
         if self.net not in ("", "iptables", "proxy"):
             raise ValueError(f"unknown net {self.net!r} (iptables, proxy)")
@@ -274,11 +278,27 @@ class _Nemesis:
 
 
 def _planted(name: str, client: Any) -> Any:
-    if not name:
+    if not name or name.startswith("proxy-"):  # the faulty proxy sits on the wire instead
         return client
     from .client import DroppedCas, InfoAsFail, StaleReads
 
     return {"stale-reads": StaleReads, "dropped-cas": DroppedCas, "info-as-fail": InfoAsFail}[name](client)
+
+
+async def _faulty_proxies(stack: contextlib.AsyncExitStack, urls: list[str], bug: str) -> list[str]:
+    """A faulty HTTP proxy in front of each URL (a planted bug); the proxies' URLs."""
+    from urllib.parse import urlsplit
+
+    from .faulty_proxy import FaultyHttpProxy
+
+    out = []
+    for url in urls:
+        u = urlsplit(url)
+        proxy = FaultyHttpProxy((u.hostname or "127.0.0.1", u.port or 80), bug)
+        host, port = await proxy.start()
+        stack.push_async_callback(proxy.close)
+        out.append(f"http://{host}:{port}")
+    return out
 
 
 def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, Any]:
@@ -337,12 +357,15 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}{f'; partitions through {net_kind}' if net_kind else ''}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with contextlib.AsyncExitStack() as stack:
+            urls = db.urls
+            if spec.planted.startswith("proxy-"):
+                urls = await _faulty_proxies(stack, db.urls, spec.planted.removeprefix("proxy-"))
             if etcd:
                 from .etcd_db import EtcdKV
 
-                http = await stack.enter_async_context(EtcdKV(db.urls, timeout_s=2.0))
+                http = await stack.enter_async_context(EtcdKV(urls, timeout_s=2.0))
             else:
-                http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
+                http = await stack.enter_async_context(HttpKV(urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
                 while not all(b and b.get("ready") for b in await http.readyz()):
                     await asyncio.sleep(0.2)

@@ -73,3 +73,11 @@ def test_etcd_cli_errors_are_one_line():
         out = subprocess.run([sys.executable, "-m", "store.cli", "jepsen", "run", *args],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.slow  # about 10 s; the faulty proxy's bugs are caught by default in tests/jepsen_like/test_faulty_proxy.py
+async def test_a_proxy_acknowledging_writes_it_dropped_is_caught_on_a_real_cluster(tmp_path):
+    spec = RunSpec(nemesis=[], nodes=3, seconds=5, sessions=8, keys=2, seed=3, out_root=str(tmp_path),
+                   planted="proxy-ack-dropped-writes")
+    r = await run_test(spec)
+    assert r["verdict"] == "invalid" and r["checks"]["linearizable"] is False
