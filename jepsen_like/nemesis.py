@@ -8,6 +8,8 @@
   (also at exit, and ``sweep_stale_chains`` removes chains a killed harness left).
   Partitions: halves, isolate one node, a bridge (two halves that share one node),
   a majority ring (each node sees a majority, no two the same), one way.
+- ``jepsen_like.proxy.ProxyNet``: the same partitions as cut links of a fault proxy
+  in the harness, one per directed pair of nodes (no root, no iptables; etcd).
 - ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
   sequencer, a minority, or all nodes.
 - ``ClockNemesis``: clock *rate* skew, as the simulator models it (``SimConfig.tick_skew``:

@@ -5,7 +5,8 @@ nemesis + checkers, and what a person reads afterwards.
 loopback addresses (``jepsen_like.db``); run the contended KV workload
 (``jepsen_like.client``: many sessions, read / write / compare-and-set on a few keys,
 through the HTTP API) for ``spec.seconds`` while the nemesis applies a seeded schedule
-of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew); then heal everything,
+of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew; partitions
+through iptables or the fault proxy, ``jepsen_like.proxy``); then heal everything,
 wait until the replicas hold the same state, read every key on every node, and check:
 
 - **linearizable**: the whole history, per key, against the KV model (the final reads
@@ -14,6 +15,9 @@ wait until the replicas hold the same state, read every key on every node, and c
 - **final reads agree**: every node returns the same value for every key;
 - **availability**: the longest time without a successful operation, in all and per
   fault, and the completion rate inside each fault window beside the quiet rate.
+
+``RunSpec(target="etcd")`` runs the same workload, nemeses (kill, pause, partition
+through the proxy) and checkers against etcd members (``jepsen_like.etcd_db``).
 
 The verdict is ``valid`` (all hold), ``invalid`` (a check failed) or ``unknown`` (the
 checker gave up, or the cluster never converged). Everything lands in
@@ -80,10 +84,11 @@ class RunSpec:
     proxy_mode: str = "hold"  # what a cut does in the proxy: hold, discard or reset
 
     def net_kind(self) -> str:
-        if self.net or self.target == "etcd":
-            return self.net or "proxy"
+        """"iptables" or "proxy": what makes this run's partitions."""
         if self.net:
             return self.net
+        if self.target == "etcd":  # its members all dial from 127.0.0.1
+            return "proxy"
         return "iptables" if iptables_available() is None else "proxy"
 
     def validate(self) -> None:
