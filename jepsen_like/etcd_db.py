@@ -41,7 +41,7 @@ from typing import Any
 from .client import HttpKV, Outcome
 from .history import FAIL, INFO
 
-__all__ = ["EtcdDB", "EtcdKV", "converge", "etcd_missing", "statuses"]
+__all__ = ["EtcdDB", "EtcdKV", "converge", "etcd_command", "etcd_missing", "statuses"]
 
 
 def etcd_missing(binary: str = "etcd") -> str | None:
@@ -49,6 +49,21 @@ def etcd_missing(binary: str = "etcd") -> str | None:
     if shutil.which(binary) is None:
         return f"{binary} is not on PATH (Debian: apt-get install etcd-server)"
     return None
+
+
+def etcd_command(binary: str, i: int, data_dir: str, client_port: int, peer_port: int,
+                 advertise: dict[int, tuple[str, int]], token: str) -> list[str]:
+    """Member ``m<i>``'s command line: clients and peers on 127.0.0.1, the cluster as
+    ``advertise`` says the members reach each other (their peer ports, or proxies)."""
+    cluster = ",".join(f"m{j}=http://{h}:{p}" for j, (h, p) in sorted(advertise.items()))
+    client = f"http://127.0.0.1:{client_port}"
+    h, p = advertise[i]
+    return [binary, "--name", f"m{i}", "--data-dir", data_dir,
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://{h}:{p}",
+            "--initial-cluster", cluster, "--initial-cluster-token", token,
+            "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn"]
 
 
 class EtcdDB:
@@ -93,15 +108,8 @@ class EtcdDB:
             return ""
 
     def command(self, i: int) -> list[str]:
-        cluster = ",".join(f"m{j}=http://{h}:{p}" for j, (h, p) in sorted(self.advertise.items()))
-        client = f"http://127.0.0.1:{self.client_ports[i]}"
-        h, p = self.advertise[i]
-        return [self.binary, "--name", f"m{i}", "--data-dir", self.data_dir(i),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                "--initial-advertise-peer-urls", f"http://{h}:{p}",
-                "--initial-cluster", cluster, "--initial-cluster-token", self.token,
-                "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn"]
+        return etcd_command(self.binary, i, self.data_dir(i), self.client_ports[i], self.peer_ports[i],
+                            self.advertise, self.token)
 
     def start(self, i: int) -> None:
         os.makedirs(self.root, exist_ok=True)
