@@ -60,7 +60,8 @@ _OPTIONS = [
                       "allocations surviving, no cell held twice."),
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
                  help="Faults to mix, comma-separated (none for no faults): partition (iptables, or the fault proxy: --net), kill, "
-                      "pause, clock (tick-rate skew within the lease's drift bound, through each node's "
+                      "pause, delay (every link of one node, the sequencer or all nodes 20-200 ms slower each way; "
+                      "the fault proxy only), clock (tick-rate skew within the lease's drift bound, through each node's "
                       "--clock-control file; reset on heal), disk (on a killed node: a torn write after its "
                       "WAL's end, or a flipped byte in a durable record, which must be refused; on a running "
                       "node's own tmpfs: a full disk, ENOSPC, which must stop it; root for the tmpfs)."),
@@ -82,7 +83,7 @@ _OPTIONS = [
                       "and reset the connection at the heal, or reset the pair's connections at once (REJECT)."),
     click.option("--target", type=click.Choice(["cellar", "etcd"]), default="cellar", show_default=True,
                  help="What to test: cellar serve replicas, or etcd members (the etcd on PATH; workloads kv "
-                      "and register, nemeses partition, kill, pause; partitions through the proxy)."),
+                      "and register, nemeses partition, kill, pause, delay; partitions through the proxy)."),
 ]
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+from .nemesis import (DELAY_MS, ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
                       rate_of, schedule)
 from .disk import can_mount
 from .plots import op_points, stalls
@@ -51,14 +51,14 @@ from .scheduler_workload import HttpScheduler, check_scheduler, default_hived_co
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
-NEMESES = ("partition", "kill", "pause", "clock", "disk")
+NEMESES = ("partition", "kill", "pause", "clock", "disk", "delay")
 WORKLOADS = ("kv", "register", "scheduler")
 
 
 @dataclass
 class RunSpec:
     workload: str = "kv"  # kv: CAS registers on several keys; register: one key; scheduler: affinity groups
-    nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
+    nemesis: list[str] = field(default_factory=lambda: [k for k in NEMESES if k != "delay"])
     nodes: int = 3
     seconds: float = 60.0
     sessions: int = 16
@@ -87,8 +87,8 @@ class RunSpec:
         """"iptables" or "proxy": what makes this run's partitions."""
         if self.net:
             return self.net
-        if self.target == "etcd":  # its members all dial from 127.0.0.1
-            return "proxy"
+        if self.target == "etcd" or "delay" in self.nemesis:  # etcd's members all dial from
+            return "proxy"  # 127.0.0.1; slow links exist only in the proxy
         return "iptables" if iptables_available() is None else "proxy"
 
     def validate(self) -> None:
@@ -118,14 +118,16 @@ class RunSpec:
 
             if self.workload not in ("kv", "register"):
                 raise ValueError(f"the etcd target runs the kv and register workloads, not {self.workload}")
-            if set(self.nemesis) - {"partition", "kill", "pause"}:
-                raise ValueError("the etcd target's nemeses are partition, kill and pause")
+            if set(self.nemesis) - {"partition", "kill", "pause", "delay"}:
+                raise ValueError("the etcd target's nemeses are partition, kill, pause and delay")
             if self.net == "iptables":
                 raise ValueError("etcd's members all dial from 127.0.0.1: iptables cannot tell them apart "
                                  "(partitions go through the proxy: --net proxy)")
             why = etcd_missing()
             if why:
                 raise ValueError(f"the etcd target: {why}")
+        if "delay" in self.nemesis and self.net_kind() != "proxy":
+            raise ValueError("the delay nemesis slows links in the fault proxy: --net proxy")
         if "partition" in self.nemesis and self.net == "iptables":
             why = iptables_available()
             if why:
@@ -241,6 +243,18 @@ class _Nemesis:
             self._clock_start = await self._ticks()
             rates = ", ".join(f"{i}:{rate_of(s):.4f}" for i, s in sorted(skews.items()))
             return f"{kind} (sequencer {seq}) rates {rates}", sorted(skews)
+        if kind.startswith("delay-"):
+            assert isinstance(self.net, ProxyNet)
+            if kind == "delay-all":
+                nodes = list(range(n))
+            elif kind == "delay-sequencer":
+                seq = await _in_thread(self.db.sequencer)
+                nodes = [seq if seq is not None else self.rng.randrange(n)]
+            else:
+                nodes = [self.rng.randrange(n)]
+            ms = round(self.rng.uniform(*DELAY_MS), 1)
+            self.net.delay(_links(nodes, n), ms)
+            return f"{kind}: links of {nodes} +{ms} ms each way", nodes
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
@@ -259,6 +273,9 @@ class _Nemesis:
         elif kind.startswith("clock-"):
             assert self.clock is not None
             await _in_thread(self.clock.reset)
+        elif kind.startswith("delay-"):
+            assert isinstance(self.net, ProxyNet)
+            self.net.delay(_links(nodes, self.db.n), 0.0)
         elif self.net is not None:
             await self._net(self.net.heal)
         return None
@@ -273,6 +290,8 @@ class _Nemesis:
     async def heal_all(self) -> None:
         if self.net is not None:
             await self._net(self.net.heal)
+        if isinstance(self.net, ProxyNet):
+            self.net.delay(_links(list(range(self.db.n)), self.db.n), 0.0)
         if self.clock is not None:
             await _in_thread(self.clock.reset)
         await _in_thread(self.disk.restore_all)
@@ -280,6 +299,11 @@ class _Nemesis:
         await _in_thread(self.proc.restart, [i for i in range(self.db.n) if not self.db.alive(i)])
         self.killed.clear()
         self.paused.clear()
+
+
+def _links(nodes: list[int], n: int) -> set[tuple[int, int]]:
+    """Every directed link to or from ``nodes``."""
+    return {(a, b) for a in range(n) for b in range(n) if a != b and (a in nodes or b in nodes)}
 
 
 def _planted(name: str, client: Any) -> Any:
@@ -348,7 +372,7 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
                       clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
                       machine="scheduler" if sched else "kv", extra_args=machine_args)
     net: IptablesNet | ProxyNet | None = None
-    net_kind = spec.net_kind() if "partition" in spec.nemesis else ""
+    net_kind = spec.net_kind() if {"partition", "delay"} & set(spec.nemesis) else ""
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
     nem: _Nemesis | None = None

@@ -1,7 +1,8 @@
 """Partitions through the fault proxy (jepsen_like/proxy.py) on real processes: a short
 Cellar run with ``--net proxy`` and a short etcd run (``--target etcd``: members that
 all dial from 127.0.0.1, which iptables cannot tell apart) are valid, and their
-partition faults really held bytes at the proxy's gates."""
+partition faults really held bytes at the proxy's gates; slow links (the delay
+nemesis) cut throughput and stay valid."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ async def test_cellar_partitioned_through_the_proxy_is_valid(tmp_path):
         assert (run_dir / name).exists(), name
 
 
+async def test_slow_links_through_the_proxy_dip_throughput_and_stay_valid(tmp_path):
+    # seed 3, 9 s, nemesis delay: delay-all (every link 20-200 ms slower each way) 3.0-5.7 s
+    spec = RunSpec(nemesis=["delay"], nodes=3, seconds=9, sessions=8, keys=3, seed=3, out_root=str(tmp_path))
+    r = await run_test(spec)
+    _ok(r)
+    assert r["net"]["kind"] == "proxy"  # chosen by itself: slow links exist only in the proxy
+    (fault,) = r["availability"]["faults"]
+    assert fault["kind"] == "delay-all" and "ms each way" in fault["detail"]
+    assert fault["ok_per_s"] < r["availability"]["quiet_ok_per_s"] / 3, r["availability"]
+
+
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed (apt-get install etcd-server)")
 
 
@@ -67,7 +79,7 @@ async def test_etcd_under_kill_and_partition_through_the_proxy_is_valid(tmp_path
 
 
 def test_etcd_cli_errors_are_one_line():
-    for args, words in ((["--target", "etcd", "--nemesis", "clock"], "partition, kill and pause"),
+    for args, words in ((["--target", "etcd", "--nemesis", "clock"], "partition, kill, pause and delay"),
                         (["--target", "etcd", "--net", "iptables"], "--net proxy"),
                         (["--target", "etcd", "--workload", "scheduler"], "kv and register")):
         out = subprocess.run([sys.executable, "-m", "store.cli", "jepsen", "run", *args],
