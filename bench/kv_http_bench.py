@@ -172,13 +172,11 @@ class EtcdCluster(ProcGroup):
         return [f"http://127.0.0.1:{p}" for p in self.client_ports]
 
     def command(self, i: int) -> list[str]:
-        cluster = ",".join(f"m{j}=http://127.0.0.1:{p}" for j, p in enumerate(self.peer_ports))
-        client, peer = f"http://127.0.0.1:{self.client_ports[i]}", f"http://127.0.0.1:{self.peer_ports[i]}"
-        return [self.binary, "--name", f"m{i}", "--data-dir", os.path.join(self.root, f"etcd{i}"),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", cluster, "--initial-cluster-token", self.token,
-                "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn"]
+        from jepsen_like.etcd_db import etcd_command  # one command line for etcd members (the Jepsen harness's too)
+
+        return etcd_command(self.binary, i, os.path.join(self.root, f"etcd{i}"), self.client_ports[i],
+                            self.peer_ports[i], {j: ("127.0.0.1", p) for j, p in enumerate(self.peer_ports)},
+                            self.token)
 
 
 # --- PySyncObj ---------------------------------------------------------------------------

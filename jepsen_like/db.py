@@ -40,6 +40,8 @@ class CellarDB(LocalCluster):
                  *(extra_args or [])]
         super().__init__(root, nodes, protocol=protocol, fsync=fsync, cluster_id="jepsen", extra_args=extra,
                          log_level=log_level, http=True, hosts=[f"127.0.0.{base_ip + i}" for i in range(nodes)])
+        # node i -> peer j -> where node i dials j (a fault proxy), or None: the peers themselves
+        self.dial: dict[int, dict[int, tuple[str, int]]] | None = None
         # TESTING ONLY: node i ticks at the rate in clock_path(i) (``cellar serve
         # --clock-control``, consensus.runtime.clock_control), set by the clock nemesis.
         self.clock_control = clock_control
@@ -56,6 +58,13 @@ class CellarDB(LocalCluster):
             except OSError:
                 self._unmount(save=False)
                 raise
+
+    def peers_spec_for(self, i: int) -> str:
+        """Node ``i``'s ``--peers``: with ``dial`` set (``jepsen_like.proxy.ProxyNet``), each
+        peer j at the proxy that carries i's bytes to j; node i's own entry stays its address."""
+        if self.dial is None:
+            return self.peers_spec
+        return ",".join(f"{j}={h}:{p}" for j, (h, p) in sorted(self.dial[i].items()))
 
     def clock_path(self, i: int) -> str:
         return os.path.join(self.root, f"node{i}.clock")

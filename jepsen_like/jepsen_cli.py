@@ -1,6 +1,7 @@
 """``cellar jepsen run|campaign``: fault-injection tests of real Cellar processes
 (``jepsen_like.runner``). Exit status: 0 valid, 1 invalid, 2 unknown (or a usage
-error). Partitions need iptables and root (one line says so otherwise)."""
+error). Partitions go through iptables (root) or, with ``--net proxy`` or where iptables
+cannot be used, through fault proxies in the harness (``jepsen_like.proxy``)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,31 @@ from .runner import INVALID, UNKNOWN, VALID, RunSpec, run_test
 EXIT = {VALID: 0, INVALID: 1, UNKNOWN: 2}
 
 
-def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out) -> RunSpec:
+def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out, net, proxy_mode, target) -> RunSpec:
     kinds = [k.strip() for k in nemesis.split(",") if k.strip() and k.strip() != "none"]
     spec = RunSpec(workload=workload, nemesis=kinds, nodes=nodes, seconds=seconds, sessions=sessions, keys=keys,
-                    rate=rate, seed=seed, out_root=out)
+                    rate=rate, seed=seed, out_root=out, net=net or "", proxy_mode=proxy_mode, target=target)
     try:
         spec.validate()
     except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        _fail(str(e))
     return spec
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit status 2 (bad arguments, or the cluster could not be run)."""
+    click.echo(f"cellar jepsen: {message}", err=True)
+    sys.exit(2)
+
+
+def _run(spec: RunSpec, progress) -> dict:
+    from .nemesis import NemesisError
+
+    try:
+        return asyncio.run(run_test(spec, progress=progress))
+    except (RuntimeError, TimeoutError, OSError, NemesisError) as e:  # a node that would not start, ...
+        _fail(f"{type(e).__name__}: {str(e)[:400]}")
+        raise  # not reached
 
 
 def _line(r: dict) -> str:
@@ -42,8 +59,9 @@ _OPTIONS = [
                       "(examples/hived-small.yaml), checked by its invariants on every replica, acknowledged "
                       "allocations surviving, no cell held twice."),
     click.option("--nemesis", default="partition,kill,pause", show_default=True,
-                 help="Faults to mix, comma-separated (none for no faults): partition (iptables, root), kill, "
-                      "pause, clock (tick-rate skew within the lease's drift bound, through each node's "
+                 help="Faults to mix, comma-separated (none for no faults): partition (iptables, or the fault proxy: --net), kill, "
+                      "pause, delay (every link of one node, the sequencer or all nodes 20-200 ms slower each way; "
+                      "the fault proxy only), clock (tick-rate skew within the lease's drift bound, through each node's "
                       "--clock-control file; reset on heal), disk (on a killed node: a torn write after its "
                       "WAL's end, or a flipped byte in a durable record, which must be refused; on a running "
                       "node's own tmpfs: a full disk, ENOSPC, which must stop it; root for the tmpfs)."),
@@ -56,6 +74,16 @@ _OPTIONS = [
                  help="About this many operations per second in all (0: as fast as answered)."),
     click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
                  help="Results go to OUT/<test>/<timestamp>/ (and OUT/latest)."),
+    click.option("--net", type=click.Choice(["iptables", "proxy"]), default=None,
+                 help="How partitions are made: iptables (DROP rules between the nodes' addresses; root) or "
+                      "proxy (every peer link through a fault proxy in the harness, jepsen_like/proxy.py). "
+                      "Default: iptables when it can be used here, else the proxy; etcd: always the proxy."),
+    click.option("--proxy-mode", type=click.Choice(["hold", "discard", "reset"]), default="hold", show_default=True,
+                 help="What a cut does in the proxy: hold the bytes until the heal (iptables DROP), discard them "
+                      "and reset the connection at the heal, or reset the pair's connections at once (REJECT)."),
+    click.option("--target", type=click.Choice(["cellar", "etcd"]), default="cellar", show_default=True,
+                 help="What to test: cellar serve replicas, or etcd members (the etcd on PATH; workloads kv "
+                      "and register, nemeses partition, kill, pause, delay; partitions through the proxy)."),
 ]
 
 
@@ -74,11 +102,11 @@ def jepsen() -> None:
 @_with_options
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print results.json's content instead of a summary.")
-def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, as_json):
+def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy_mode, target, seed, as_json):
     """One test; exit 0 valid, 1 invalid, 2 unknown."""
-    spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, seed, out)
+    spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, seed, out, net, proxy_mode, target)
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    r = asyncio.run(run_test(spec, progress=say))
+    r = _run(spec, say)
     if as_json:
         click.echo(json.dumps(r, default=str))
     else:
@@ -97,12 +125,13 @@ def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, as_j
 @click.option("--seed", type=int, default=1, show_default=True, help="First seed.")
 @click.option("--count", type=click.IntRange(1, 10000), default=5, show_default=True, help="Tests (seeds seed..seed+count-1).")
 @click.option("--json", "as_json", is_flag=True)
-def campaign(workload, nemesis, nodes, seconds, sessions, keys, rate, out, seed, count, as_json):
+def campaign(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy_mode, target, seed, count,
+             as_json):
     """COUNT tests on consecutive seeds; a table; exit 0 only if every one is valid."""
     rows = []
     for s in range(seed, seed + count):
-        spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, s, out)
-        r = asyncio.run(run_test(spec, progress=(lambda m: click.echo(m, err=True)) if as_json else None))
+        spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, s, out, net, proxy_mode, target)
+        r = _run(spec, (lambda m: click.echo(m, err=True)) if as_json else None)
         rows.append(r)
         if not as_json:
             click.echo(_line(r))

@@ -8,6 +8,8 @@
   (also at exit, and ``sweep_stale_chains`` removes chains a killed harness left).
   Partitions: halves, isolate one node, a bridge (two halves that share one node),
   a majority ring (each node sees a majority, no two the same), one way.
+- ``jepsen_like.proxy.ProxyNet``: the same partitions as cut links of a fault proxy
+  in the harness, one per directed pair of nodes (no root, no iptables; etcd).
 - ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
   sequencer, a minority, or all nodes.
 - ``ClockNemesis``: clock *rate* skew, as the simulator models it (``SimConfig.tick_skew``:
@@ -24,6 +26,9 @@
   or, on a running node whose data dir is a tmpfs of its own, a full disk (ENOSPC:
   the node must stop by itself with one line; the filler is removed and the node
   restarts on the same data). Each fault records what the node did.
+- slow links (``delay``, the fault proxy only): every link of one node, of the
+  sequencer, or of all nodes delayed by 20-200 ms each way (``ProxyNet.delay``), bytes
+  still in order.
 - ``schedule``: a seeded list of (start, end, fault kind); the runner
   (``jepsen_like.runner``) applies them and records each interval for the report.
 """
@@ -41,7 +46,9 @@ from typing import Any
 __all__ = ["ClockNemesis", "CLOCKS", "DISKS", "DiskNemesis", "Fault", "IptablesNet", "NemesisError", "PARTITIONS", "ProcessNemesis", "iptables_available",
            "partition_pairs", "schedule", "sweep_stale_chains"]
 
-KINDS = ("partition", "kill", "pause", "clock", "disk")
+KINDS = ("partition", "kill", "pause", "clock", "disk", "delay")
+DELAYS = ("delay-one", "delay-sequencer", "delay-all")
+DELAY_MS = (20.0, 200.0)  # one way, drawn per fault
 CLOCKS = ("clock-mixed", "clock-sequencer-slow", "clock-sequencer-fast")
 DISKS = ("disk-torn", "disk-flip", "disk-full")
 
@@ -209,6 +216,8 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
             families.append(list(CLOCKS))
         elif k == "disk":
             families.append([d for d in DISKS if disk_full or d != "disk-full"])
+        elif k == "delay":
+            families.append(list(DELAYS))
         else:
             raise ValueError(f"unknown nemesis {k!r} ({', '.join(KINDS)})")
     out = []

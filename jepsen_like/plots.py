@@ -57,7 +57,7 @@ def stalls(history: Sequence[Op], start: float, end: float) -> float:
     return longest_gap([t + lat / 1000.0 for t, lat, _f, typ in op_points(history) if typ == "ok"], start, end)
 
 
-_COLORS = {"partition": "#f4a3a3", "kill": "#a3b8f4", "pause": "#f4dca3", "clock": "#c8a3f4", "disk": "#a3f4c4"}
+_COLORS = {"partition": "#f4a3a3", "kill": "#a3b8f4", "pause": "#f4dca3", "clock": "#c8a3f4", "disk": "#a3f4c4", "delay": "#d0d0d0"}
 
 
 def _shade(ax, faults: Sequence[dict]) -> None:

@@ -5,7 +5,8 @@ nemesis + checkers, and what a person reads afterwards.
 loopback addresses (``jepsen_like.db``); run the contended KV workload
 (``jepsen_like.client``: many sessions, read / write / compare-and-set on a few keys,
 through the HTTP API) for ``spec.seconds`` while the nemesis applies a seeded schedule
-of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew); then heal everything,
+of faults (``jepsen_like.nemesis``: partitions, kills, pauses, clock skew; partitions
+through iptables or the fault proxy, ``jepsen_like.proxy``); then heal everything,
 wait until the replicas hold the same state, read every key on every node, and check:
 
 - **linearizable**: the whole history, per key, against the KV model (the final reads
@@ -14,6 +15,9 @@ wait until the replicas hold the same state, read every key on every node, and c
 - **final reads agree**: every node returns the same value for every key;
 - **availability**: the longest time without a successful operation, in all and per
   fault, and the completion rate inside each fault window beside the quiet rate.
+
+``RunSpec(target="etcd")`` runs the same workload, nemeses (kill, pause, partition
+through the proxy) and checkers against etcd members (``jepsen_like.etcd_db``).
 
 The verdict is ``valid`` (all hold), ``invalid`` (a check failed) or ``unknown`` (the
 checker gave up, or the cluster never converged). Everything lands in
@@ -37,23 +41,24 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import (ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+from .nemesis import (DELAY_MS, ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
                       rate_of, schedule)
 from .disk import can_mount
 from .plots import op_points, stalls
+from .proxy import ProxyNet
 from .scheduler_workload import HttpScheduler, check_scheduler, default_hived_config, final_state, run_scheduler_workload
 
 __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
-NEMESES = ("partition", "kill", "pause", "clock", "disk")
+NEMESES = ("partition", "kill", "pause", "clock", "disk", "delay")
 WORKLOADS = ("kv", "register", "scheduler")
 
 
 @dataclass
 class RunSpec:
     workload: str = "kv"  # kv: CAS registers on several keys; register: one key; scheduler: affinity groups
-    nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
+    nemesis: list[str] = field(default_factory=lambda: [k for k in NEMESES if k != "delay"])
     nodes: int = 3
     seconds: float = 60.0
     sessions: int = 16
@@ -65,10 +70,26 @@ class RunSpec:
     snapshot_every: int = 2000
     # A deliberately broken client between the workload and the cluster, to show the
     # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
-    # "info-as-fail" (jepsen_like.client's wrappers).
+    # "info-as-fail" (jepsen_like.client's wrappers); or a faulty HTTP proxy in front of
+    # every node's gateway: "proxy-ack-dropped-writes", "proxy-stale-replies",
+    # "proxy-swap-replies" (jepsen_like.faulty_proxy).
     planted: str = ""
     # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
     hived_config: str = ""
+    # How partitions are made: "iptables" (DROP rules between the nodes' addresses, root),
+    # "proxy" (jepsen_like.proxy: every peer link through a fault proxy in this process),
+    # or "" (iptables when it can be used here, else the proxy).
+    net: str = ""
+    target: str = "cellar"  # or "etcd" (jepsen_like.etcd_db)
+    proxy_mode: str = "hold"  # what a cut does in the proxy: hold, discard or reset
+
+    def net_kind(self) -> str:
+        """"iptables" or "proxy": what makes this run's partitions."""
+        if self.net:
+            return self.net
+        if self.target == "etcd" or "delay" in self.nemesis:  # etcd's members all dial from
+            return "proxy"  # 127.0.0.1; slow links exist only in the proxy
+        return "iptables" if iptables_available() is None else "proxy"
 
     def validate(self) -> None:
         if self.workload not in WORKLOADS:
@@ -82,12 +103,35 @@ class RunSpec:
             raise ValueError(f"{self.nodes} nodes: 3, 5, 7, ...")
         if not 5 <= self.seconds <= 3600:
             raise ValueError("seconds must be within 5-3600")
-        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail"):
+        from .faulty_proxy import BUGS
+
+        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail", *(f"proxy-{b}" for b in BUGS)):
             raise ValueError(f"unknown planted bug {self.planted!r}")
-        if "partition" in self.nemesis:
+        if self.net not in ("", "iptables", "proxy"):
+            raise ValueError(f"unknown net {self.net!r} (iptables, proxy)")
+        if self.proxy_mode not in ("hold", "discard", "reset"):
+            raise ValueError(f"unknown proxy mode {self.proxy_mode!r} (hold, discard, reset)")
+        if self.target not in ("cellar", "etcd"):
+            raise ValueError(f"unknown target {self.target!r} (cellar, etcd)")
+        if self.target == "etcd":
+            from .etcd_db import etcd_missing
+
+            if self.workload not in ("kv", "register"):
+                raise ValueError(f"the etcd target runs the kv and register workloads, not {self.workload}")
+            if set(self.nemesis) - {"partition", "kill", "pause", "delay"}:
+                raise ValueError("the etcd target's nemeses are partition, kill, pause and delay")
+            if self.net == "iptables":
+                raise ValueError("etcd's members all dial from 127.0.0.1: iptables cannot tell them apart "
+                                 "(partitions go through the proxy: --net proxy)")
+            why = etcd_missing()
+            if why:
+                raise ValueError(f"the etcd target: {why}")
+        if "delay" in self.nemesis and self.net_kind() != "proxy":
+            raise ValueError("the delay nemesis slows links in the fault proxy: --net proxy")
+        if "partition" in self.nemesis and self.net == "iptables":
             why = iptables_available()
             if why:
-                raise ValueError(f"the partition nemesis needs iptables: {why}")
+                raise ValueError(f"the partition nemesis with --net iptables: {why} (or --net proxy)")
 
 
 async def _in_thread(fn: Callable, *args: Any) -> Any:
@@ -116,7 +160,7 @@ async def _converge(db: CellarDB, timeout_s: float) -> tuple[bool, list]:
 class _Nemesis:
     """Applies the schedule and records what really happened, on the history's clock."""
 
-    def __init__(self, db: CellarDB, net: IptablesNet | None, rec: Recorder, rng: random.Random) -> None:
+    def __init__(self, db: CellarDB, net: IptablesNet | ProxyNet | None, rec: Recorder, rng: random.Random) -> None:
         self.db, self.net, self.rec, self.rng = db, net, rec, rng
         self.proc = ProcessNemesis(db)
         self.clock = ClockNemesis(db) if db.clock_control else None
@@ -199,10 +243,22 @@ class _Nemesis:
             self._clock_start = await self._ticks()
             rates = ", ".join(f"{i}:{rate_of(s):.4f}" for i, s in sorted(skews.items()))
             return f"{kind} (sequencer {seq}) rates {rates}", sorted(skews)
+        if kind.startswith("delay-"):
+            assert isinstance(self.net, ProxyNet)
+            if kind == "delay-all":
+                nodes = list(range(n))
+            elif kind == "delay-sequencer":
+                seq = await _in_thread(self.db.sequencer)
+                nodes = [seq if seq is not None else self.rng.randrange(n)]
+            else:
+                nodes = [self.rng.randrange(n)]
+            ms = round(self.rng.uniform(*DELAY_MS), 1)
+            self.net.delay(_links(nodes, n), ms)
+            return f"{kind}: links of {nodes} +{ms} ms each way", nodes
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
-        await _in_thread(self.net.drop, pairs)
+        await self._net(self.net.drop, pairs)
         return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
 
     async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
@@ -217,13 +273,25 @@ class _Nemesis:
         elif kind.startswith("clock-"):
             assert self.clock is not None
             await _in_thread(self.clock.reset)
+        elif kind.startswith("delay-"):
+            assert isinstance(self.net, ProxyNet)
+            self.net.delay(_links(nodes, self.db.n), 0.0)
         elif self.net is not None:
-            await _in_thread(self.net.heal)
+            await self._net(self.net.heal)
         return None
+
+    async def _net(self, call: Callable, *args: Any) -> None:
+        """The proxy's gates live on this loop; iptables runs commands (in a thread)."""
+        if getattr(self.net, "in_loop", False):
+            call(*args)
+        else:
+            await _in_thread(call, *args)
 
     async def heal_all(self) -> None:
         if self.net is not None:
-            await _in_thread(self.net.heal)
+            await self._net(self.net.heal)
+        if isinstance(self.net, ProxyNet):
+            self.net.delay(_links(list(range(self.db.n)), self.db.n), 0.0)
         if self.clock is not None:
             await _in_thread(self.clock.reset)
         await _in_thread(self.disk.restore_all)
@@ -233,12 +301,33 @@ class _Nemesis:
         self.paused.clear()
 
 
+def _links(nodes: list[int], n: int) -> set[tuple[int, int]]:
+    """Every directed link to or from ``nodes``."""
+    return {(a, b) for a in range(n) for b in range(n) if a != b and (a in nodes or b in nodes)}
+
+
 def _planted(name: str, client: Any) -> Any:
-    if not name:
+    if not name or name.startswith("proxy-"):  # the faulty proxy sits on the wire instead
         return client
     from .client import DroppedCas, InfoAsFail, StaleReads
 
     return {"stale-reads": StaleReads, "dropped-cas": DroppedCas, "info-as-fail": InfoAsFail}[name](client)
+
+
+async def _faulty_proxies(stack: contextlib.AsyncExitStack, urls: list[str], bug: str) -> list[str]:
+    """A faulty HTTP proxy in front of each URL (a planted bug); the proxies' URLs."""
+    from urllib.parse import urlsplit
+
+    from .faulty_proxy import FaultyHttpProxy
+
+    out = []
+    for url in urls:
+        u = urlsplit(url)
+        proxy = FaultyHttpProxy((u.hostname or "127.0.0.1", u.port or 80), bug)
+        host, port = await proxy.start()
+        stack.push_async_callback(proxy.close)
+        out.append(f"http://{host}:{port}")
+    return out
 
 
 def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, Any]:
@@ -263,7 +352,7 @@ def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, An
 async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     spec.validate()
     say = progress or (lambda _m: None)
-    name = spec.name or f"{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
+    name = spec.name or f"{'etcd-' if spec.target == 'etcd' else ''}{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-s{spec.seed}"
     out = Path(spec.out_root) / name / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -272,22 +361,40 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     disk_full = "disk" in spec.nemesis and can_mount() is None
     sched = spec.workload == "scheduler"
     machine_args = ["--hived-config", spec.hived_config or default_hived_config()] if sched else []
-    db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
-                  clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
-                  machine="scheduler" if sched else "kv", extra_args=machine_args)
-    net: IptablesNet | None = None
+    etcd = spec.target == "etcd"
+    db: Any
+    if etcd:
+        from .etcd_db import EtcdDB
+
+        db = EtcdDB(str(out / "db"), spec.nodes)
+    else:
+        db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
+                      clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
+                      machine="scheduler" if sched else "kv", extra_args=machine_args)
+    net: IptablesNet | ProxyNet | None = None
+    net_kind = spec.net_kind() if {"partition", "delay"} & set(spec.nemesis) else ""
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
     rec = Recorder()
     nem: _Nemesis | None = None
     try:
+        if net_kind == "proxy":
+            net = await _proxied(db, spec)
         db.start_all()
         await db.await_ready(timeout_s=60.0)
-        if "partition" in spec.nemesis:
+        if net_kind == "iptables":
             net = IptablesNet(db.ips)
         windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
-        say(f"{spec.nodes} nodes on {', '.join(db.ips)}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
+        say(f"{spec.nodes} nodes on {', '.join(db.ips)}{f'; partitions through {net_kind}' if net_kind else ''}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with contextlib.AsyncExitStack() as stack:
-            http = await stack.enter_async_context(HttpKV(db.urls, timeout_s=2.0))
+            urls = db.urls
+            if spec.planted.startswith("proxy-"):
+                urls = await _faulty_proxies(stack, db.urls, spec.planted.removeprefix("proxy-"))
+            if etcd:
+                from .etcd_db import EtcdKV
+
+                http = await stack.enter_async_context(EtcdKV(urls, timeout_s=2.0))
+            else:
+                http = await stack.enter_async_context(HttpKV(urls, timeout_s=2.0))
             async with asyncio.timeout(60.0):  # every replica's HTTP API answers ready
                 while not all(b and b.get("ready") for b in await http.readyz()):
                     await asyncio.sleep(0.2)
@@ -319,7 +426,12 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
             rec.nemesis("heal", "everything")
             say("healed; waiting for the replicas to converge")
             await db.await_ready(timeout_s=60.0)
-            converged, statuses = await _converge(db, 90.0)
+            if etcd:
+                from .etcd_db import converge
+
+                converged, statuses = await converge(db, 90.0)
+            else:
+                converged, statuses = await _converge(db, 90.0)
             if scheduler is not None:
                 final = await final_state(scheduler)
             else:
@@ -367,9 +479,41 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     finally:
         if net is not None:
             net.close()
-        db.teardown()
+        if isinstance(net, ProxyNet):  # the run's figures, before the nodes stop and redial
+            result["net"] = {"kind": "proxy", **net.stats()}
+            # the proxies serve this loop: keep it running (etcd's members talk as they stop)
+            await _in_thread(db.teardown)
+            await net.aclose()
+        else:
+            db.teardown()
+            if net is not None:
+                result["net"] = {"kind": "iptables"}
         _write_outputs(out, rec, result, db)
     return result
+
+
+async def _proxied(db: Any, spec: RunSpec) -> ProxyNet:
+    """Cellar: a fault proxy for every directed pair of nodes; node i dials peer j through
+    (i, j). etcd: one in front of each member's peer port, its advertised peer URL, which
+    tells its callers apart by who owns the socket."""
+    net = ProxyNet(db.n, mode=spec.proxy_mode, seed=spec.seed)
+    if spec.target == "etcd":
+        from .proxy import loopback_owner
+
+        for j in range(db.n):
+            addr: list[tuple[str, int]] = []
+            addr.append(await net.node(j, ("127.0.0.1", db.peer_ports[j]),
+                                       lambda peer, a=addr: loopback_owner(peer, a[0], db.pids())))
+            db.advertise[j] = addr[0]
+        return net
+    dial: dict[int, dict[int, tuple[str, int]]] = {}
+    for i in range(db.n):
+        dial[i] = {i: (db.hosts[i], db.peer_ports[i])}
+        for j in range(db.n):
+            if j != i:
+                dial[i][j] = await net.pair(i, j, (db.hosts[j], db.peer_ports[j]))
+    db.dial = dial
+    return net
 
 
 def _write_outputs(out: Path, rec: Recorder, result: dict[str, Any], db: CellarDB) -> None:
