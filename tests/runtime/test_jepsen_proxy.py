@@ -37,6 +37,7 @@ async def test_cellar_partitioned_through_the_proxy_is_valid(tmp_path):
         assert (run_dir / name).exists(), name
 
 
+@pytest.mark.slow  # about 10 s: the default suite's budget; the proxy's delay is unit-tested in tests/jepsen_like
 async def test_slow_links_through_the_proxy_dip_throughput_and_stay_valid(tmp_path):
     # seed 3, 9 s, nemesis delay: delay-all (every link 20-200 ms slower each way) 3.0-5.7 s
     spec = RunSpec(nemesis=["delay"], nodes=3, seconds=9, sessions=8, keys=3, seed=3, out_root=str(tmp_path))
@@ -61,6 +62,7 @@ def _etcd_ok(r: dict, kinds: list[str]) -> None:
     assert (run_dir / "node0.log").exists() and not (run_dir / "db").exists()  # data dirs wiped: valid
 
 
+@pytest.mark.slow  # about 14 s, and etcd is a system package (apt-get install etcd-server), not part of the clone
 @needs_etcd
 async def test_etcd_with_its_leader_cut_off_through_the_proxy_is_valid(tmp_path):
     # seed 1, 9 s, nemeses partition and kill: one fault, isolate-sequencer (the leader) 3.0-5.4 s
