@@ -23,6 +23,7 @@ def _ok(r: dict) -> None:
     assert r["checks"]["linearizable"] is True and r["checks"]["converged"] and r["checks"]["final_reads_agree"]
 
 
+@pytest.mark.slow  # the default suite's short run (test_jepsen_run.py) partitions through the proxy
 async def test_cellar_partitioned_through_the_proxy_is_valid(tmp_path):
     # seed 7, 9 s: one fault, "isolate" (a node cut off both ways) from 3.0 to 6.0 s
     spec = RunSpec(nemesis=["partition"], net="proxy", nodes=3, seconds=9, sessions=8, keys=3, seed=7,
