@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import click
 
@@ -68,6 +69,27 @@ class LazyGroup(click.Group):
             click.echo(f"cellar {name}: internal error: {type(exc).__name__}"
                        f"{': ' + text if text else ''} (CELLAR_DEBUG=1 shows where)", err=True)
             ctx.exit(1)
+
+    def main(self, args=None, prog_name=None, **extra):
+        """Usage errors (an unknown option, a bad value, a missing argument) are one
+        line too, ``cellar bench: Invalid value for '--net': ... (see --help)``, exit
+        status 2; click's own form takes four lines."""
+        if extra.get("standalone_mode", True) is False:
+            return super().main(args, prog_name, **extra)
+        extra.pop("standalone_mode", None)
+        try:
+            rv = super().main(args, prog_name or "cellar", standalone_mode=False, **extra)
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "cellar"
+            click.echo(f"{where}: {e.format_message()} (see {where} --help)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in sorted(SUBCOMMANDS)]
