@@ -51,9 +51,3 @@ def test_bench_early_send_usage_errors_are_one_line(args, message):
     p = cellar("bench", *args, timeout=60)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
-
-@pytest.mark.parametrize("args", [["jepsen", "run", "--net", "foo"], ["nosuch"], ["bench", "--sessions", "zero"]])
-def test_click_usage_errors_are_one_line_too(args):
-    p = cellar(*args, timeout=60)
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and "--help" in lines[0] and lines[0].startswith("cellar"), p.stderr
