@@ -46,6 +46,7 @@ import click
 
 from bench.geo_bench import BenchError  # one class for every bench's one-line failure
 from store.loadgen import LoadResult
+from store.server import stop_processes
 
 TARGETS = ("cellar-http", "etcd-http", "cellar-binary", "pysyncobj", "pysyncobj-nosync")
 # PySyncObj targets and the durability of their replicas (bench/pysyncobj_server.py --durability)
@@ -137,17 +138,7 @@ class ProcGroup:
                 p.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
 
     def stop_all(self, timeout_s: float = 10.0) -> None:
-        live = [p for p in self.procs.values() if p.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGCONT)  # a paused member cannot act on SIGTERM
-            p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for p in live:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        stop_processes(self.procs.values(), timeout_s)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]

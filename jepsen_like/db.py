@@ -27,7 +27,27 @@ from store.server import LocalCluster
 __all__ = ["CellarDB"]
 
 
-class CellarDB(LocalCluster):
+class Pausable:
+    """SIGSTOP / SIGCONT of node ``i``, one of our own processes (``self.procs``, by PID):
+    the process nemesis' pause for every db."""
+
+    procs: dict
+
+    def _signal(self, i: int, sig: int) -> bool:
+        proc = self.procs.get(i)
+        if proc is None or proc.poll() is not None:
+            return False
+        proc.send_signal(sig)
+        return True
+
+    def pause(self, i: int) -> bool:
+        return self._signal(i, signal.SIGSTOP)
+
+    def resume(self, i: int) -> bool:
+        return self._signal(i, signal.SIGCONT)
+
+
+class CellarDB(Pausable, LocalCluster):
     def __init__(self, root: str, nodes: int = 3, *, base_ip: int = 20, protocol: str = "sdpaxos",
                  fsync: str = "batch", snapshot_every: int | None = None, machine: str = "kv",
                  extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False,
@@ -78,19 +98,6 @@ class CellarDB(LocalCluster):
     @property
     def ips(self) -> list[str]:
         return list(self.hosts)
-
-    def _signal(self, i: int, sig: int) -> bool:
-        proc = self.procs.get(i)
-        if proc is None or proc.poll() is not None:
-            return False
-        proc.send_signal(sig)
-        return True
-
-    def pause(self, i: int) -> bool:
-        return self._signal(i, signal.SIGSTOP)
-
-    def resume(self, i: int) -> bool:
-        return self._signal(i, signal.SIGCONT)
 
     def restart(self, i: int) -> None:
         self.kill(i)

@@ -36,9 +36,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+
+from store.server import stop_processes
 
 from .client import HttpKV, Outcome
+from .db import Pausable
 from .history import FAIL, INFO
 
 __all__ = ["EtcdDB", "EtcdKV", "converge", "etcd_command", "etcd_missing", "statuses"]
@@ -66,7 +68,7 @@ def etcd_command(binary: str, i: int, data_dir: str, client_port: int, peer_port
             "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn"]
 
 
-class EtcdDB:
+class EtcdDB(Pausable):
     def __init__(self, root: str, nodes: int = 3, *, binary: str = "etcd") -> None:
         from store.server import free_ports
 
@@ -138,33 +140,10 @@ class EtcdDB:
             proc.send_signal(sig)
             proc.wait(timeout=10)
 
-    def _signal(self, i: int, sig: int) -> bool:
-        proc = self.procs.get(i)
-        if proc is None or proc.poll() is not None:
-            return False
-        proc.send_signal(sig)
-        return True
-
-    def pause(self, i: int) -> bool:
-        return self._signal(i, signal.SIGSTOP)
-
-    def resume(self, i: int) -> bool:
-        return self._signal(i, signal.SIGCONT)
-
     def teardown(self, timeout_s: float = 2.0) -> None:
         """SIGTERM every member, SIGKILL past ``timeout_s`` (a leader stopping transfers its
         leadership first, which waits for members that are stopping too: a few seconds)."""
-        live = [p for p in self.procs.values() if p.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGCONT)  # a paused member cannot act on SIGTERM
-            p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for p in live:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        stop_processes(self.procs.values(), timeout_s)
 
     def _post(self, i: int, path: str, body: dict, timeout_s: float) -> dict | None:
         req = urllib.request.Request(self.urls[i] + path, data=json.dumps(body).encode(),

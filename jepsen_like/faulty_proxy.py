@@ -23,7 +23,7 @@ import asyncio
 import json
 from typing import Any
 
-from .proxy import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S, check_loopback
+from .proxy import CONNECT_TIMEOUT_S, check_loopback, close_listener
 
 __all__ = ["BUGS", "FaultyHttpProxy"]
 
@@ -171,18 +171,5 @@ class FaultyHttpProxy:
         return answer
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), CLOSE_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                pass
-            self._server = None
+        await close_listener(self._server, self._writers, self._tasks)
+        self._server = None

@@ -427,21 +427,27 @@ class DelayProxy:
 
     async def close(self) -> None:
         """Stop listening, abort every connection, wait (bounded) for their tasks."""
-        if self._server is not None:
-            self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        conns = list(self._conns)
-        for t in conns:
-            t.cancel()
-        if conns:
-            await asyncio.wait(conns, timeout=CLOSE_TIMEOUT_S)
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), CLOSE_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                pass
-            self._server = None
+        await close_listener(self._server, self._writers, self._conns)
+        self._server = None
+
+
+async def close_listener(server: asyncio.AbstractServer | None, writers: Any, tasks: Any) -> None:
+    """Stop ``server`` listening, abort every connection's transport (``writers``), cancel
+    their ``tasks`` and wait for them and the server, each wait bounded (CLOSE_TIMEOUT_S)."""
+    if server is not None:
+        server.close()
+    for w in list(writers):
+        w.transport.abort()
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+    if server is not None:
+        try:
+            await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass
 
 
 # --- the Jepsen harness's network: one gate per directed pair of nodes ------------------

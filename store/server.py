@@ -438,6 +438,22 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
 # --- local clusters -------------------------------------------------------------------
 
 
+def stop_processes(procs: Any, timeout_s: float = 10.0) -> None:
+    """SIGTERM every live process of ``procs`` (``subprocess.Popen``) at once, then wait
+    for each; SIGKILL past ``timeout_s``. Our own children only (we hold their Popen)."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
 class LocalCluster:
     """``cellar serve`` processes on loopback (used by ``up``, ``demo``, ``bench``, the
     Jepsen harness's db and tests). All on 127.0.0.1 by default; with ``hosts``, node
@@ -572,18 +588,7 @@ class LocalCluster:
 
     def stop_all(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every node at once, then wait for each (SIGKILL past the timeout)."""
-        live = [i for i, p in self.procs.items() if p.poll() is None]
-        for i in live:
-            self.procs[i].send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
-            self.procs[i].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for i in live:
-            proc = self.procs[i]
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_processes(self.procs.values(), timeout_s)
 
     def alive(self, i: int) -> bool:
         proc = self.procs.get(i)

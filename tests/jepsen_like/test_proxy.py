@@ -12,23 +12,14 @@ import os
 import pytest
 
 from jepsen_like.proxy import ProxyNet, loopback_owner
+from tests.runtime.test_geo_proxy import echo_server as echo_on_port
 
 WAIT_S = 5.0
 
 
 async def echo_server() -> tuple[asyncio.Server, tuple[str, int]]:
-    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except ConnectionError:
-            pass
-        finally:
-            w.close()
-
-    srv = await asyncio.start_server(echo, "127.0.0.1", 0)
-    return srv, srv.sockets[0].getsockname()[:2]
+    srv, port = await echo_on_port()  # the geo proxy's tests' echo server
+    return srv, ("127.0.0.1", port)
 
 
 async def sink_server() -> tuple[asyncio.Server, tuple[str, int], asyncio.Queue]:
