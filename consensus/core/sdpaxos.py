@@ -275,10 +275,10 @@ class SDPaxosReplica(ReplicaBase):
         # may be accepted elsewhere) before proposing anything.
         self.c_reserved = 0  # durable: no C-accept of mine left early at or above it
         self._c_reserve_asked = 0  # the highest reservation persisted (maybe not durable)
-        self._c_resv_unsynced = 0
-        self._c_resv_wait: list[tuple[int, int]] = []  # (Ready token, reservation)
-        self._c_own_unsynced: list[tuple[int, CInst, int]] = []  # (inst, record, ballot) sent early
-        self._c_own_wait: list[tuple[int, list[tuple[int, CInst, int]]]] = []
+        self._c_early: list[tuple[int, CInst, int]] = []  # (inst, record, ballot) sent early since the last Ready
+        self._c_resv_new = False  # a reservation was persisted since the last Ready
+        # Per Ready with either: (its token, its early instances, the reservation asked by then).
+        self._c_wait: list[tuple[int, list[tuple[int, CInst, int]], int]] = []
         self._c_unsure = 0  # after a restart: my instances below it may exist elsewhere
         self.crec: dict[int, CRecovery] = {}
         # Per leader: no recovery of its instances from here before this tick (we saw
@@ -772,7 +772,7 @@ class SDPaxosReplica(ReplicaBase):
         self.stats["instances"] += 1
         self.persist(["C", self.id, inst, self.ballot, cmds])
         if early:
-            self._c_own_unsynced.append((inst, c, self.ballot))
+            self._c_early.append((inst, c, self.ballot))
         send = self.send_urgent if early else self.send
         msg = CAccept(self.view, self.id, inst, self.ballot, cmds)
         targets = self._thrifty_targets()
@@ -786,7 +786,8 @@ class SDPaxosReplica(ReplicaBase):
         if self.cfg.early_send and inst + EARLY_RESERVE // 2 >= self._c_reserve_asked:
             # Reserve the next instances ahead of use: the record is durable with this
             # Ready's, long before the reserved instances are proposed.
-            self._c_reserve_asked = self._c_resv_unsynced = inst + 1 + EARLY_RESERVE
+            self._c_reserve_asked = inst + 1 + EARLY_RESERVE
+            self._c_resv_new = True
             self.persist(["CR", self._c_reserve_asked])
 
     def _thrifty_targets(self) -> list[int]:
@@ -1295,12 +1296,10 @@ class SDPaxosReplica(ReplicaBase):
         if self._unsynced:
             self._sync_wait.append((token, self._unsynced))
             self._unsynced = []
-        if self._c_own_unsynced:
-            self._c_own_wait.append((token, self._c_own_unsynced))
-            self._c_own_unsynced = []
-        if self._c_resv_unsynced:
-            self._c_resv_wait.append((token, self._c_resv_unsynced))
-            self._c_resv_unsynced = 0
+        if self._c_early or self._c_resv_new:
+            self._c_wait.append((token, self._c_early, self._c_reserve_asked))
+            self._c_early = []
+            self._c_resv_new = False
 
     def _on_persisted(self, sync: bool = False) -> None:
         """Our accepts up to the durable Ready are on disk: they count now. (N = 3: a
@@ -1310,7 +1309,7 @@ class SDPaxosReplica(ReplicaBase):
         it, replies wait for the sync, but reads, watches and snapshots of that
         state would.)"""
         token = self._durable_token
-        if self._c_resv_wait or self._c_own_wait:
+        if self._c_wait:
             self._c_durable(token)
         wait = self._sync_wait
         k = 0
@@ -1337,18 +1336,20 @@ class SDPaxosReplica(ReplicaBase):
         durable. Our vote for such an instance counts now, if our record still holds
         the ballot we proposed (a recoverer's accept may have replaced it meanwhile:
         the proposal then follows that ballot, with its own tally)."""
-        rw = self._c_resv_wait
-        while rw and rw[0][0] <= token:
-            self.c_reserved = max(self.c_reserved, rw.pop(0)[1])
-        cw = self._c_own_wait
-        while cw and cw[0][0] <= token:
-            for inst, c, ballot in cw.pop(0)[1]:
+        wait = self._c_wait
+        k = 0
+        while k < len(wait) and wait[k][0] <= token:
+            _, early, reserved = wait[k]
+            k += 1
+            self.c_reserved = max(self.c_reserved, reserved)
+            for inst, c, ballot in early:
                 p = self.unready.get(inst)
                 if p is None or p.rec is not c or c.committed or p.ballot != ballot or c.ballot != ballot:
                     continue
                 p.acks |= 1 << self.id
                 if p.acks.bit_count() >= self.quorum:
                     self._commit_c(self.id, inst, p)
+        del wait[:k]
 
     def _commit_oslots(self, upto: int, record: bool = True) -> None:
         """Mark every held O-slot below ``upto`` committed (they are chosen)."""
