@@ -129,34 +129,38 @@ EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it),
 
 
 async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
-                        value_bytes: int, fsync: str, progress=print, variants: tuple[str, str] = TLS_VARIANTS) -> dict:
-    """The same load in plaintext and with TLS (or, ``variants=EARLY_VARIANTS``, with
-    early send off and on), alternating, and their ratio."""
+                        value_bytes: int, fsync: str, progress=print) -> dict:
+    """The same load in plaintext and with TLS, alternating, and their ratio."""
     from store.certs import init_certs
 
     certs = tempfile.mkdtemp(prefix="cellar-bench-certs-")
-    base, other = variants
     try:
-        if variants == TLS_VARIANTS:
-            init_certs(certs, replicas)
-        runs: dict[str, list[dict]] = {v: [] for v in variants}
-        for r in range(rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for variant in order:
-                if variants == TLS_VARIANTS:
-                    how = {"tls_dir": certs if variant == "tls" else None}
-                else:
-                    how = {"extra_args": ["--early-send" if variant == "early" else "--no-early-send"]}
-                m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
-                                  value_bytes=value_bytes, fsync=fsync, **how)
-                m["variant"] = variant
-                progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
-                         f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
-                         f"replica CPU {m['replica_cpu_us_per_write']} us/write  "
-                         f"client CPU {m['client_cpu_us_per_write']} us/write  errors {m['errors']}")
-                runs[variant].append(m)
+        init_certs(certs, replicas)
+        return await run_pair_bench(TLS_VARIANTS, lambda v: {"tls_dir": certs if v == "tls" else None}, protocol,
+                                    replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress)
     finally:
         shutil.rmtree(certs, ignore_errors=True)
+
+
+async def run_pair_bench(variants: tuple[str, str], settings, protocol: str, replicas: int, sessions: int,
+                         seconds: float, warmup: float, rounds: int, value_bytes: int, fsync: str,
+                         progress=print) -> dict:
+    """The same load on two variants of one cluster (``settings(variant)``: ``measure``'s
+    keyword arguments), alternating order round by round, and the second's ratio to the
+    first (``--tls``: plaintext and TLS; ``--early-send``: early send off and on)."""
+    base, other = variants
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in (variants if r % 2 == 0 else variants[::-1]):
+            m = await measure(protocol, replicas=replicas, sessions=sessions, seconds=seconds, warmup=warmup,
+                              value_bytes=value_bytes, fsync=fsync, **settings(variant))
+            m["variant"] = variant
+            progress(f"round {r + 1} {protocol} {variant:9s} {m['writes_per_s']:>9.0f} writes/s  "
+                     f"p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms  "
+                     f"replica CPU {m['replica_cpu_us_per_write']} us/write  "
+                     f"client CPU {m['client_cpu_us_per_write']} us/write  errors {m['errors']}")
+            runs[variant].append(m)
+
     def cpu(ms: list[dict], key: str = "replica_cpu_us_per_write") -> float | None:
         xs = [m[key] for m in ms if m.get(key) is not None]
         return round(statistics.median(xs), 1) if xs else None
@@ -180,7 +184,7 @@ async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: fl
     }
 
 
-def _print_tls_summary(result: dict) -> None:
+def _print_pair_summary(result: dict) -> None:
     med = result["median"]
     base, other = list(result["runs"])
     click.echo("")
@@ -297,9 +301,14 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
         if early and protocol != "sdpaxos":
             raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
-        result = asyncio.run(run_tls_bench(protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync,
-                                           progress=say, variants=EARLY_VARIANTS if early else TLS_VARIANTS))
-        click.echo(json.dumps(result)) if as_json else _print_tls_summary(result)
+        if early:
+            result = asyncio.run(run_pair_bench(
+                EARLY_VARIANTS, lambda v: {"extra_args": ["--early-send" if v == "early" else "--no-early-send"]},
+                protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))
+        else:
+            result = asyncio.run(run_tls_bench(protocol, replicas, sessions, seconds, warmup, rounds, value_bytes,
+                                               fsync, progress=say))
+        click.echo(json.dumps(result)) if as_json else _print_pair_summary(result)
         return
     result = asyncio.run(run_bench(replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, progress=say))
     if as_json:
