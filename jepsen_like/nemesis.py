@@ -7,11 +7,13 @@
   are never cut. ``heal`` flushes the chain; ``close`` removes the jump and the chain
   (also at exit, and ``sweep_stale_chains`` removes chains a killed harness left).
   Partitions: halves, isolate one node, a bridge (two halves that share one node),
-  a majority ring (each node sees a majority, no two the same), one way.
+  a majority ring (each node sees a majority, no two the same; 5 nodes or more), one
+  way, and flapping (a partition that comes and goes every 0.2-1 s, a new shape each
+  time, for the whole window: ``flap_pairs``).
 - ``jepsen_like.proxy.ProxyNet``: the same partitions as cut links of a fault proxy
   in the harness, one per directed pair of nodes (no root, no iptables; etcd).
 - ``ProcessNemesis``: kill (SIGKILL) and restart, pause (SIGSTOP) and resume of the
-  sequencer, a minority, or all nodes.
+  sequencer, a minority, one node, or all nodes.
 - ``ClockNemesis``: clock *rate* skew, as the simulator models it (``SimConfig.tick_skew``:
   node i ticks every ``tick_ms * (1 + skew)``), through each node's clock-control file
   (``cellar serve --clock-control``, a testing knob: consensus.runtime.clock_control).
@@ -30,7 +32,10 @@
   sequencer, or of all nodes delayed by 20-200 ms each way (``ProxyNet.delay``), bytes
   still in order.
 - ``schedule``: a seeded list of (start, end, fault kind); the runner
-  (``jepsen_like.runner``) applies them and records each interval for the report.
+  (``jepsen_like.runner``) applies them and records each interval for the report. With
+  two or more nemeses, about one window in four is *combined*: a network fault
+  (partition or slow links) and a process or clock fault at once, kind ``A+B``, both
+  applied at the start and undone at the end in reverse order.
 """
 
 from __future__ import annotations
@@ -196,30 +201,44 @@ class Fault:
                 "detail": self.detail, "nodes": self.nodes}
 
 
-PARTITIONS = ("halves", "isolate", "isolate-sequencer", "bridge", "ring", "one-way")
+PARTITIONS = ("halves", "isolate", "isolate-sequencer", "bridge", "ring", "one-way", "flapping")
+FLAP_SHAPES = ("halves", "isolate", "one-way")  # what one flap of a flapping partition cuts
+FLAP_S = (0.2, 1.0)  # each flap's cut, then its heal, lasts this long
+COMBINED = 0.25  # the share of windows that combine a network fault with another
+_NET = ("partition", "delay")
+_WITH_NET = ("kill", "pause", "clock")  # what a network fault may combine with (disk: never)
+
+
+def flap_pairs(n: int, rng: random.Random) -> tuple[set[tuple[int, int]], str]:
+    """One flap of a flapping partition: a shape of ``FLAP_SHAPES``, drawn anew."""
+    return partition_pairs(rng.choice(FLAP_SHAPES), n, rng)
 
 
 def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: float = 3.0,
              fault_s: tuple[float, float] = (2.0, 5.0), gap_s: tuple[float, float] = (1.0, 3.0),
-             disk_full: bool = True) -> list[tuple[float, float, str]]:
+             disk_full: bool = True, nodes: int | None = None) -> list[tuple[float, float, str]]:
     """Fault windows (start, end, kind) over ``seconds``: a quiet start, then faults of
     the chosen kinds one after another with gaps (a nemesis drawn uniformly, then one of
     its shapes), ending ``quiet_s`` before the end
-    (so that the cluster heals before the final reads)."""
-    families: list[list[str]] = []
+    (so that the cluster heals before the final reads). With a network nemesis and one
+    of kill, pause or clock among ``kinds``, a window is combined (``A+B``, module
+    docstring) with probability ``COMBINED``. ``nodes``: the cluster's size, when known
+    (the majority ring exists from 5 nodes)."""
+    families: dict[str, list[str]] = {}
     for k in kinds:
         if k == "partition":
-            families.append(list(PARTITIONS))
+            families[k] = [p for p in PARTITIONS if p != "ring" or nodes is None or nodes >= 5]
         elif k in ("kill", "pause"):
-            families.append([f"{k}-sequencer", f"{k}-minority", f"{k}-one"])
+            families[k] = [f"{k}-sequencer", f"{k}-minority", f"{k}-one", f"{k}-all"]
         elif k == "clock":
-            families.append(list(CLOCKS))
+            families[k] = list(CLOCKS)
         elif k == "disk":
-            families.append([d for d in DISKS if disk_full or d != "disk-full"])
+            families[k] = [d for d in DISKS if disk_full or d != "disk-full"]
         elif k == "delay":
-            families.append(list(DELAYS))
+            families[k] = list(DELAYS)
         else:
             raise ValueError(f"unknown nemesis {k!r} ({', '.join(KINDS)})")
+    names = list(families)
     out = []
     t = quiet_s
     while True:
@@ -227,8 +246,13 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
         if t + length > seconds - quiet_s:
             break
         # each nemesis as often as the others, whatever its number of shapes
-        family = families[0] if len(families) == 1 else rng.choice(families)
-        out.append((t, t + length, rng.choice(family)))
+        family = names[0] if len(names) == 1 else rng.choice(names)
+        kind = rng.choice(families[family])
+        partners = [f for f in names if f in (_WITH_NET if family in _NET else _NET if family in _WITH_NET else ())]
+        if partners and rng.random() < COMBINED:
+            other = rng.choice(families[rng.choice(partners)])
+            kind = f"{kind}+{other}" if family in _NET else f"{other}+{kind}"  # the network fault first
+        out.append((t, t + length, kind))
         t += length + rng.uniform(*gap_s)
     return out
 

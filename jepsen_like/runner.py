@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
-from .nemesis import (DELAY_MS, ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
+from .nemesis import (DELAY_MS, FLAP_S, FLAP_SHAPES, flap_pairs, ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
                       rate_of, schedule)
 from .disk import can_mount
 from .plots import op_points, stalls
@@ -169,23 +169,44 @@ class _Nemesis:
         self.faults: list[dict] = []
         self.killed: set[int] = set()
         self.paused: set[int] = set()
+        self._flapper: asyncio.Task | None = None
+        self._flaps: list[str] = []  # the cuts of the running flapping partition
 
     async def run(self, windows: list[tuple[float, float, str]], t0: float) -> None:
         for start, end, kind in windows:
             await asyncio.sleep(max(0.0, t0 + start - time.monotonic()))
             began = self.rec.now()
-            detail, nodes = await self.apply(kind)
+            parts = []  # (kind, detail, nodes) of each fault of a combined window, in order
+            for part in kind.split("+"):
+                detail, nodes = await self.apply(part)
+                parts.append((part, detail, nodes))
+            detail = " & ".join(d for _k, d, _n in parts)
+            nodes = sorted({i for _k, _d, ns in parts for i in ns})
             self.rec.nemesis(f"start {kind}", detail)
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
-            seen = await self.observe(kind)
-            done = await self.undo(kind, nodes)
-            if done:
-                seen = {**(seen or {}), **done}
+            seen: dict[str, Any] = {}
+            for part, _d, ns in reversed(parts):
+                seen.update(await self.observe(part) or {})
+                seen.update(await self.undo(part, ns) or {})
             ended = self.rec.nemesis(f"stop {kind}", detail)
             fault = {"kind": kind, "detail": detail, "nodes": nodes, "start": began, "end": ended}
             if seen:
                 fault["observed"] = seen
             self.faults.append(fault)
+
+    async def _flap(self, n: int) -> None:
+        """A flapping partition (nemesis.flap_pairs): cut, heal, cut, ... until cancelled."""
+        assert self.net is not None
+        try:
+            while True:
+                pairs, detail = flap_pairs(n, self.rng)
+                await self._net(self.net.drop, pairs)
+                self._flaps.append(detail)
+                await asyncio.sleep(self.rng.uniform(*FLAP_S))
+                await self._net(self.net.heal)
+                await asyncio.sleep(self.rng.uniform(*FLAP_S))
+        finally:
+            await self._net(self.net.heal)
 
     async def _ticks(self) -> tuple[float, dict[int, int]]:
         """(monotonic time, each answering node's tick count) from the nodes' status."""
@@ -255,6 +276,11 @@ class _Nemesis:
             ms = round(self.rng.uniform(*DELAY_MS), 1)
             self.net.delay(_links(nodes, n), ms)
             return f"{kind}: links of {nodes} +{ms} ms each way", nodes
+        if kind == "flapping":
+            self._flaps = []
+            self._flapper = asyncio.create_task(self._flap(n))
+            return f"flapping partition, every {FLAP_S[0]}-{FLAP_S[1]} s a new cut of {', '.join(FLAP_SHAPES)}", \
+                list(range(n))
         seq = await _in_thread(self.db.sequencer) if kind in ("isolate-sequencer", "one-way") else None
         pairs, detail = partition_pairs(kind, n, self.rng, sequencer=seq)
         assert self.net is not None
@@ -262,6 +288,11 @@ class _Nemesis:
         return detail, sorted({a for a, _ in pairs} | {b for _, b in pairs})
 
     async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
+        if kind == "flapping" and self._flapper is not None:
+            self._flapper.cancel()
+            await asyncio.gather(self._flapper, return_exceptions=True)  # it heals as it ends
+            self._flapper = None
+            return {"flaps": len(self._flaps), "cuts": self._flaps[:20]}
         if kind.startswith("disk-"):
             return await _in_thread(self.disk.undo, kind, nodes[0])
         if kind.startswith("kill-"):
@@ -288,6 +319,10 @@ class _Nemesis:
             await _in_thread(call, *args)
 
     async def heal_all(self) -> None:
+        if self._flapper is not None:
+            self._flapper.cancel()
+            await asyncio.gather(self._flapper, return_exceptions=True)
+            self._flapper = None
         if self.net is not None:
             await self._net(self.net.heal)
         if isinstance(self.net, ProxyNet):
@@ -383,7 +418,7 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
         await db.await_ready(timeout_s=60.0)
         if net_kind == "iptables":
             net = IptablesNet(db.ips)
-        windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full) if spec.nemesis else []
+        windows = schedule(spec.nemesis, spec.seconds, rng, disk_full=disk_full, nodes=spec.nodes) if spec.nemesis else []
         say(f"{spec.nodes} nodes on {', '.join(db.ips)}{f'; partitions through {net_kind}' if net_kind else ''}; {len(windows)} faults over {spec.seconds:.0f} s; output {out}")
         async with contextlib.AsyncExitStack() as stack:
             urls = db.urls

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from jepsen_like.db import CellarDB
-from jepsen_like.nemesis import IptablesNet, ProcessNemesis, iptables_available, partition_pairs, schedule
+from jepsen_like.nemesis import PARTITIONS, IptablesNet, ProcessNemesis, flap_pairs, iptables_available, partition_pairs, schedule
 from store.client import CellarClient
 
 WAIT_S = 30.0
@@ -36,6 +36,34 @@ def test_partition_shapes():
     windows = schedule(["partition", "kill", "pause"], 60, random.Random(1))
     assert windows and all(3.0 <= s < e <= 57.0 for s, e, _k in windows)
     assert all(e1 <= s2 for (_s1, e1, _k1), (s2, _e2, _k2) in zip(windows, windows[1:]))
+
+
+
+def test_schedules_combine_network_faults_with_others_flap_and_hit_everyone():
+    """Over many seeds: about one window in four holds a network fault and a kill, pause
+    or clock fault at once (never a disk fault, never two of one kind); partitions
+    flap; kill and pause reach all nodes too; the ring, a no-op on 3 nodes, is drawn
+    only from 5."""
+    kinds3 = [k for seed in range(200) for _s, _e, k in
+              schedule(["partition", "kill", "pause", "clock", "disk", "delay"], 60, random.Random(seed), nodes=3)]
+    combined = [k for k in kinds3 if "+" in k]
+    assert 0.1 < len(combined) / len(kinds3) < 0.3, len(combined) / len(kinds3)
+    for k in combined:
+        net, other = k.split("+")
+        assert net.split("-")[0] in (*PARTITIONS, "halves", "isolate", "one", "delay"), k
+        assert other.split("-")[0] in ("kill", "pause", "clock"), k
+    assert not any("disk" in k for k in combined)
+    parts = {p for k in kinds3 for p in k.split("+")}
+    assert {"flapping", "kill-all", "pause-all", "halves+kill-all"} & parts >= {"flapping", "kill-all", "pause-all"}
+    assert "ring" not in parts
+    kinds5 = {p for seed in range(50) for _s, _e, k in schedule(["partition"], 60, random.Random(seed), nodes=5)
+              for p in k.split("+")}
+    assert "ring" in kinds5 and "flapping" in kinds5
+    # one nemesis alone is never combined
+    assert not any("+" in k for seed in range(50) for _s, _e, k in schedule(["kill"], 60, random.Random(seed)))
+    for _ in range(20):
+        pairs, text = flap_pairs(3, random.Random(_))
+        assert pairs and text.split()[0] in ("halves", "isolate", "one")
 
 
 needs_iptables = pytest.mark.skipif(iptables_available() is not None, reason=str(iptables_available()))
