@@ -51,7 +51,7 @@ class CellarDB(Pausable, LocalCluster):
     def __init__(self, root: str, nodes: int = 3, *, base_ip: int = 20, protocol: str = "sdpaxos",
                  fsync: str = "batch", snapshot_every: int | None = None, machine: str = "kv",
                  extra_args: list[str] | None = None, log_level: str = "warning", clock_control: bool = False,
-                 disk_tmpfs: str | None = None) -> None:
+                 disk_tmpfs: str | None = None, planted: str = "") -> None:
         if nodes < 3 or nodes % 2 == 0:
             raise ValueError(f"{nodes} nodes: a cluster has an odd number of replicas from 3")
         if not 2 <= base_ip <= 250 - nodes:
@@ -60,6 +60,8 @@ class CellarDB(Pausable, LocalCluster):
                  *(extra_args or [])]
         super().__init__(root, nodes, protocol=protocol, fsync=fsync, cluster_id="jepsen", extra_args=extra,
                          log_level=log_level, http=True, hosts=[f"127.0.0.{base_ip + i}" for i in range(nodes)])
+        # A broken state machine in every replica (jepsen_like.planted), or "": the product's.
+        self.planted = planted
         # node i -> peer j -> where node i dials j (a fault proxy), or None: the peers themselves
         self.dial: dict[int, dict[int, tuple[str, int]]] | None = None
         # TESTING ONLY: node i ticks at the rate in clock_path(i) (``cellar serve
@@ -91,6 +93,9 @@ class CellarDB(Pausable, LocalCluster):
 
     def command(self, i: int) -> list[str]:
         cmd = super().command(i)
+        if self.planted:  # the same cellar serve, its machine swapped for a broken one
+            at = cmd.index("store.cli")
+            cmd[at:at + 1] = ["jepsen_like.planted", self.planted]
         if self.clock_control:
             cmd += ["--clock-control", self.clock_path(i)]
         return cmd

@@ -11,15 +11,16 @@ import sys
 
 import click
 
-from .runner import INVALID, UNKNOWN, VALID, RunSpec, run_test
+from .runner import INVALID, PLANTED, UNKNOWN, VALID, RunSpec, run_test
 
 EXIT = {VALID: 0, INVALID: 1, UNKNOWN: 2}
 
 
-def _spec(workload, nemesis, nodes, seconds, sessions, keys, rate, seed, out, net, proxy_mode, target) -> RunSpec:
+def _spec(*, nemesis: str, nodes: str, out: str, net: str | None, **options) -> RunSpec:
+    """A ``RunSpec`` from the shared options (``_OPTIONS``) and ``--seed``; exit 2 if bad."""
     kinds = [k.strip() for k in nemesis.split(",") if k.strip() and k.strip() != "none"]
-    spec = RunSpec(workload=workload, nemesis=kinds, nodes=nodes, seconds=seconds, sessions=sessions, keys=keys,
-                    rate=rate, seed=seed, out_root=out, net=net or "", proxy_mode=proxy_mode, target=target)
+    options["planted"] = options.get("planted") or ""
+    spec = RunSpec(nemesis=kinds, nodes=int(nodes), out_root=out, net=net or "", **options)
     try:
         spec.validate()
     except ValueError as e:
@@ -84,6 +85,14 @@ _OPTIONS = [
     click.option("--target", type=click.Choice(["cellar", "etcd"]), default="cellar", show_default=True,
                  help="What to test: cellar serve replicas, or etcd members (the etcd on PATH; workloads kv "
                       "and register, nemeses partition, kill, pause, delay; partitions through the proxy)."),
+    click.option("--base-ip", type=click.IntRange(2, 245), default=20, show_default=True,
+                 help="Node i listens on 127.0.0.<BASE_IP + i>; runs side by side need bases 5 apart."),
+    click.option("--planted", type=click.Choice(PLANTED[1:]), default=None,
+                 help="A deliberately broken piece, to see the checkers catch it (the run must come out "
+                      "invalid): a client (stale-reads, dropped-cas, info-as-fail), a faulty proxy in front "
+                      "of every node's HTTP API (proxy-ack-dropped-writes, proxy-stale-replies, "
+                      "proxy-swap-replies), or a broken state machine in every replica (machine-...: "
+                      "jepsen_like/planted.py)."),
 ]
 
 
@@ -102,9 +111,9 @@ def jepsen() -> None:
 @_with_options
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print results.json's content instead of a summary.")
-def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy_mode, target, seed, as_json):
+def run(as_json, **options):
     """One test; exit 0 valid, 1 invalid, 2 unknown."""
-    spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, seed, out, net, proxy_mode, target)
+    spec = _spec(**options)
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     r = _run(spec, say)
     if as_json:
@@ -125,12 +134,11 @@ def run(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy
 @click.option("--seed", type=int, default=1, show_default=True, help="First seed.")
 @click.option("--count", type=click.IntRange(1, 10000), default=5, show_default=True, help="Tests (seeds seed..seed+count-1).")
 @click.option("--json", "as_json", is_flag=True)
-def campaign(workload, nemesis, nodes, seconds, sessions, keys, rate, out, net, proxy_mode, target, seed, count,
-             as_json):
+def campaign(seed, count, as_json, **options):
     """COUNT tests on consecutive seeds; a table; exit 0 only if every one is valid."""
     rows = []
     for s in range(seed, seed + count):
-        spec = _spec(workload, nemesis, int(nodes), seconds, sessions, keys, rate, s, out, net, proxy_mode, target)
+        spec = _spec(seed=s, **options)
         r = _run(spec, (lambda m: click.echo(m, err=True)) if as_json else None)
         rows.append(r)
         if not as_json:

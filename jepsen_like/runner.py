@@ -41,6 +41,8 @@ from typing import Any, Callable
 
 from .client import HttpKV, Recorder, check_history, final_reads, run_workload
 from .db import CellarDB
+from .faulty_proxy import BUGS as FAULTY_PROXY_BUGS
+from .planted import MACHINE_BUGS
 from .nemesis import (DELAY_MS, FLAP_S, FLAP_SHAPES, flap_pairs, ClockNemesis, DiskNemesis, IptablesNet, ProcessNemesis, clock_skews, iptables_available, partition_pairs,
                       rate_of, schedule)
 from .disk import can_mount
@@ -53,6 +55,9 @@ __all__ = ["RunSpec", "run_test", "VALID", "INVALID", "UNKNOWN"]
 VALID, INVALID, UNKNOWN = "valid", "invalid", "unknown"
 NEMESES = ("partition", "kill", "pause", "clock", "disk", "delay")
 WORKLOADS = ("kv", "register", "scheduler")
+# Deliberately broken pieces (RunSpec.planted): clients, faulty proxies, broken machines.
+PLANTED = ("", "stale-reads", "dropped-cas", "info-as-fail", *(f"proxy-{b}" for b in FAULTY_PROXY_BUGS),
+           *(f"machine-{b}" for b in MACHINE_BUGS))
 
 
 @dataclass
@@ -72,7 +77,8 @@ class RunSpec:
     # checkers catch it (tests of the harness): "", "stale-reads", "dropped-cas",
     # "info-as-fail" (jepsen_like.client's wrappers); or a faulty HTTP proxy in front of
     # every node's gateway: "proxy-ack-dropped-writes", "proxy-stale-replies",
-    # "proxy-swap-replies" (jepsen_like.faulty_proxy).
+    # "proxy-swap-replies" (jepsen_like.faulty_proxy); or a broken state machine in every
+    # replica: "machine-" + one of jepsen_like.planted.MACHINE_BUGS.
     planted: str = ""
     # The scheduler workload's HiveD config (default: examples/hived-small.yaml).
     hived_config: str = ""
@@ -82,6 +88,7 @@ class RunSpec:
     net: str = ""
     target: str = "cellar"  # or "etcd" (jepsen_like.etcd_db)
     proxy_mode: str = "hold"  # what a cut does in the proxy: hold, discard or reset
+    base_ip: int = 20  # node i on 127.0.0.<base_ip + i> (jepsen_like.db.CellarDB)
 
     def net_kind(self) -> str:
         """"iptables" or "proxy": what makes this run's partitions."""
@@ -94,8 +101,13 @@ class RunSpec:
     def validate(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r} ({', '.join(WORKLOADS)})")
-        if self.planted and self.workload == "scheduler":
-            raise ValueError("planted bugs are KV clients: not with the scheduler workload")
+        if self.planted and self.planted not in PLANTED:
+            raise ValueError(f"unknown planted bug {self.planted!r} ({', '.join(p for p in PLANTED if p)})")
+        if self.planted and (self.workload == "scheduler") != self.planted.startswith("machine-scheduler-"):
+            raise ValueError(f"planted bug {self.planted} does not go with the {self.workload} workload "
+                             "(the scheduler workload takes machine-scheduler-* bugs, kv and register the others)")
+        if self.planted and self.target != "cellar":
+            raise ValueError("planted bugs are tried on the cellar target")
         bad = [k for k in self.nemesis if k not in NEMESES]
         if bad:
             raise ValueError(f"unknown nemesis {', '.join(bad)} (choose from {', '.join(NEMESES)})")
@@ -103,10 +115,6 @@ class RunSpec:
             raise ValueError(f"{self.nodes} nodes: 3, 5, 7, ...")
         if not 5 <= self.seconds <= 3600:
             raise ValueError("seconds must be within 5-3600")
-        from .faulty_proxy import BUGS
-
-        if self.planted not in ("", "stale-reads", "dropped-cas", "info-as-fail", *(f"proxy-{b}" for b in BUGS)):
-            raise ValueError(f"unknown planted bug {self.planted!r}")
         if self.net not in ("", "iptables", "proxy"):
             raise ValueError(f"unknown net {self.net!r} (iptables, proxy)")
         if self.proxy_mode not in ("hold", "discard", "reset"):
@@ -147,12 +155,21 @@ async def _statuses(db: CellarDB) -> list[dict | None]:
 
 
 async def _converge(db: CellarDB, timeout_s: float) -> tuple[bool, list]:
+    """Wait (bounded) until every node answers with the same executed position and
+    digest. Nodes that stay at one position with different digests (three polls in a
+    row) have diverged: no wait changes that, so the answer is False at once."""
     deadline = time.monotonic() + timeout_s
     last: list = []
+    parted = 0
     while time.monotonic() < deadline:
         last = await _statuses(db)
-        if all(last) and len({(s["exec_slot"], s["digest"]) for s in last}) == 1:
-            return True, last
+        if all(last):
+            seen = {(s["exec_slot"], s["digest"]) for s in last}
+            if len(seen) == 1:
+                return True, last
+            parted = parted + 1 if len({slot for slot, _d in seen}) == 1 else 0
+            if parted >= 3:
+                return False, last
         await asyncio.sleep(0.5)
     return False, last
 
@@ -342,7 +359,7 @@ def _links(nodes: list[int], n: int) -> set[tuple[int, int]]:
 
 
 def _planted(name: str, client: Any) -> Any:
-    if not name or name.startswith("proxy-"):  # the faulty proxy sits on the wire instead
+    if not name or name.startswith(("proxy-", "machine-")):  # on the wire or in the replicas instead
         return client
     from .client import DroppedCas, InfoAsFail, StaleReads
 
@@ -387,7 +404,8 @@ def _availability(ops: list, faults: list[dict], seconds: float) -> dict[str, An
 async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     spec.validate()
     say = progress or (lambda _m: None)
-    name = spec.name or f"{'etcd-' if spec.target == 'etcd' else ''}{spec.workload}-{'+'.join(spec.nemesis) or 'none'}-n{spec.nodes}"
+    name = spec.name or (f"{'etcd-' if spec.target == 'etcd' else ''}{spec.workload}-{'+'.join(spec.nemesis) or 'none'}"
+                         f"-n{spec.nodes}{f'-planted-{spec.planted}' if spec.planted else ''}")
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-s{spec.seed}"
     out = Path(spec.out_root) / name / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -405,7 +423,8 @@ async def run_test(spec: RunSpec, progress: Callable[[str], None] | None = None)
     else:
         db = CellarDB(str(out / "db"), spec.nodes, snapshot_every=spec.snapshot_every,
                       clock_control="clock" in spec.nemesis, disk_tmpfs="256m" if disk_full else None,
-                      machine="scheduler" if sched else "kv", extra_args=machine_args)
+                      machine="scheduler" if sched else "kv", extra_args=machine_args, base_ip=spec.base_ip,
+                      planted=spec.planted.removeprefix("machine-") if spec.planted.startswith("machine-") else "")
     net: IptablesNet | ProxyNet | None = None
     net_kind = spec.net_kind() if {"partition", "delay"} & set(spec.nemesis) else ""
     result: dict[str, Any] = {"spec": asdict(spec), "name": name, "dir": str(out)}
