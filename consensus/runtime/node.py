@@ -38,6 +38,7 @@ Startup errors (unusable data dir, identity mismatch, corrupt WAL, port in use) 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import logging
@@ -438,6 +439,10 @@ class Node:
         }
         if cfg.tls:
             self.stats.update({"admin_refused": 0, "client_tls_refused": 0})
+        # Peer messages by type, both ways (status()["messages"]): what the protocol is
+        # doing, say Fetch and CCommit answers where there was no loss.
+        self.messages_sent: collections.Counter[str] = collections.Counter()
+        self.messages_received: collections.Counter[str] = collections.Counter()
         self.replica: Any = None
         self.wal: WAL | None = None
         self.committer: GroupCommitter | None = None
@@ -829,6 +834,9 @@ class Node:
                 except RemoteProtocolError as e:
                     self.stats["peer_bad_messages"] += 1
                     raise ProtocolError("malformed", str(e)) from None
+                received = self.messages_received
+                for m in msgs:
+                    received[type(m).__name__] += 1
                 if self._installing:
                     self._hold(peer, msgs)
                     continue
@@ -1181,7 +1189,10 @@ class Node:
     def _send_messages(self, messages: list) -> None:
         """One envelope per ``(dst, [msg, ...])`` (the caller flushes the transport)."""
         transport = self.transport
+        sent = self.messages_sent
         for dst, msgs in messages:
+            for m in msgs:
+                sent[type(m).__name__] += 1
             wire = [encode_message(m) for m in msgs]
             try:
                 transport.send(dst, [ENVELOPE, wire])
@@ -1591,6 +1602,8 @@ class Node:
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
                      "first_seq": self.wal.first_seq, "fsyncs": self.wal.stats["fsyncs"]}
         st["stats"] = dict(self.stats)
+        st["messages"] = {"sent": dict(sorted(self.messages_sent.items())),
+                          "received": dict(sorted(self.messages_received.items()))}
         if self.transport is not None:
             st["transport"] = {k: v for k, v in sorted(self.transport.stats.items())}
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
