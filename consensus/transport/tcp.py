@@ -439,12 +439,32 @@ class PeerTransport:
             if not peer.queue or conn is None or conn.paused:
                 continue
             assert conn.transport is not None
-            if conn.transport.is_closing():
+            if conn.transport.is_closing() or not self._write(conn, b"".join(peer.queue)):
                 continue
-            conn.transport.write(b"".join(peer.queue))
             conn.last_tx = time.monotonic()
             self.stats["frames_sent"] += len(peer.queue)
             self._clear_queue(peer)
+
+    def _write(self, conn: _PeerConnection, data: bytes) -> bool:
+        """``conn.transport.write(data)``; False if the transport's handle was already
+        closed under us: uvloop can close it (say when the peer resets the connection)
+        while ``is_closing()`` is still False and before ``connection_lost`` runs, and
+        then ``write`` raises RuntimeError. Such a connection is lost, not a failure of
+        the node (a jepsen campaign stopped two replicas on it): it is detached now, as
+        its ``connection_lost`` would, and what was queued waits for the next one."""
+        assert conn.transport is not None
+        try:
+            conn.transport.write(data)
+            return True
+        except RuntimeError as e:
+            self.stats["write_on_closed"] += 1
+            log.info("peer connection %s (node %s) closed under a write: %s", conn.peername, conn.peer_id, e)
+            try:
+                conn.transport.abort()  # a no-op on a closed handle; else its connection_lost comes
+            except Exception:  # pragma: no cover - uvloop refuses work on a closed handle
+                pass
+            self._connection_lost(conn)
+            return False
 
     def _keepalive(self) -> None:
         """Every keepalive_s/2: keep idle connections talking, drop silent ones."""
@@ -462,8 +482,7 @@ class PeerTransport:
                 log.info("peer connection %s (node %d) closed: nothing received for %.2f s",
                          conn.peername, peer.peer_id, now - conn.last_rx)
                 conn.close_locally()
-            elif now - conn.last_tx >= self.keepalive_s and not conn.paused:
-                conn.transport.write(_KEEPALIVE)
+            elif now - conn.last_tx >= self.keepalive_s and not conn.paused and self._write(conn, _KEEPALIVE):
                 conn.last_tx = now
                 self.stats["keepalives_sent"] += 1
         self._keepalive_handle = asyncio.get_running_loop().call_later(self.keepalive_s / 2, self._keepalive)
@@ -486,7 +505,8 @@ class PeerTransport:
         self._pending += 1
         conn.counted_pending = True
         conn.transport.set_write_buffer_limits(high=self.write_buffer_high_bytes)
-        conn.transport.write(self._hello)
+        if not self._write(conn, self._hello):
+            return
         conn.timer = asyncio.get_running_loop().call_later(self.handshake_timeout_s, conn.handshake_timeout)
 
     def _authenticated(self, conn: _PeerConnection) -> None:

@@ -238,6 +238,48 @@ async def test_handshake_timeout_and_pending_limit():
         await t2.close()
 
 
+class _ClosedUnderUs:
+    """A transport whose handle was closed while ``is_closing()`` still says False
+    (what uvloop did to two replicas of a jepsen campaign): ``write`` raises."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    def abort(self) -> None:
+        self.real.abort()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+async def test_a_write_on_a_handle_closed_under_us_is_a_lost_connection():
+    socks = {1: bound_socket(), 2: bound_socket()}
+    in1, in2 = Inbox(), Inbox()
+    t1, t2 = make(1, socks, in1), make(2, socks, in2)
+    await t1.start(sock=socks[1])
+    await t2.start(sock=socks[2])
+    try:
+        t1.send(2, "before")
+        await in2.wait_for(lambda m: (1, "before") in m)
+        conn = t1._peers[2].conn
+        conn.transport = _ClosedUnderUs(conn.transport)
+        t1.send(2, "queued")
+        t1.flush()  # raised RuntimeError out of the node's output step before
+        assert t1.stats["write_on_closed"] == 1 and not t1.is_connected(2)
+        # the frame waited in the queue and goes out on the next connection
+        await in2.wait_for(lambda m: (1, "queued") in m)
+        assert t1.stats["dials"] >= 2
+    finally:
+        await t1.close()
+        await t2.close()
+
+
 async def test_reconnect_after_the_peer_restarts():
     socks = {1: bound_socket(), 2: bound_socket()}
     port2 = socks[2].getsockname()[1]
