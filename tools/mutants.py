@@ -861,6 +861,31 @@ MUTANTS: list[Mutant] = [
         rule="early send: only instances below a durable reservation leave before their record",
         description="an instance no durable record reserves is sent early: a restart does not know to re-prepare it",
     ),
+    Mutant(
+        name="fetch-after-every-progress",
+        file=SDP,
+        old="""\
+                    fetch_now = progressed and self._fetching
+""",
+        new="""\
+                    fetch_now = progressed and self._blocked_on is not None
+""",
+        rule="Fetch is for loss: a block that cleared without a fetch starts no pipeline",
+        description="every new block after a step of progress sends a Fetch, as before issue 16: duplicate CCommits without loss",
+    ),
+    Mutant(
+        name="fetch-pipeline-off",
+        file=SDP,
+        old="""\
+        self._fetching = True
+        self.send(dst, Fetch(self.view, leader, inst))
+""",
+        new="""\
+        self.send(dst, Fetch(self.view, leader, inst))
+""",
+        rule="catching up, the next missing instance is fetched at once (a pipeline)",
+        description="after a fetch is answered the next block waits resend_ticks/2: a replica thousands of slots behind never catches up",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -361,6 +361,10 @@ class SDPaxosReplica(ReplicaBase):
         self.exec_inst = [0] * n
         self._blocked_since = -1
         self._blocked_on: tuple[int, int] | None = None
+        # A Fetch was sent for the current block: execution is catching up, and the next
+        # block after it is fetched at once (a pipeline). A block that clears without
+        # one (the C-commit came on its own, as it does without loss) fetches nothing.
+        self._fetching = False
         self._fetch_rr = 0
         # Compaction: O-slots below floor_slot and C-instances of leader l below
         # floor_inst[l] are gone, covered by a stored snapshot. floor_inst[l] is also
@@ -597,6 +601,7 @@ class SDPaxosReplica(ReplicaBase):
         self._snap_meta = dict(meta)
         self._blocked_on = None
         self._blocked_since = -1
+        self._fetching = False
         if self.id == self.sequencer and self.phase in ("normal", "recovering"):
             self._rebuild_sequencer_state(self.next_slot)
         self.stats["snapshots_installed"] += 1
@@ -1478,9 +1483,10 @@ class SDPaxosReplica(ReplicaBase):
             c = clog[leader].get(inst)
             if c is None or not c.committed:
                 if self._blocked_on != (leader, inst):
-                    fetch_now = progressed and self._blocked_on is not None
+                    fetch_now = progressed and self._fetching
                     self._blocked_on = (leader, inst)
                     self._blocked_since = self.now
+                    self._fetching = False
                     if fetch_now:
                         self._fetch_missing()  # catching up: pipeline the next fetch
                 self._serve_reads()
@@ -1491,6 +1497,7 @@ class SDPaxosReplica(ReplicaBase):
             progressed = True
         self._blocked_on = None
         self._blocked_since = -1
+        self._fetching = False
         if progressed:
             self._serve_reads()
 
@@ -2112,6 +2119,7 @@ class SDPaxosReplica(ReplicaBase):
         peers = [p for p in peers if p != self.id]
         dst = peers[self._fetch_rr % len(peers)]
         self._fetch_rr += 1
+        self._fetching = True
         self.send(dst, Fetch(self.view, leader, inst))
 
     @handles(_handlers, Fetch)
