@@ -53,6 +53,8 @@ def test_sustained_rate_peak_and_ratios():
            {"achieved_per_s": 3000.0, "shed": 0}, {"achieved_per_s": 3900.0, "shed": 12}]
     assert lb.sustained_rate([500, 2000, 4000, 8000], pts) == 2000  # 3000 of 4000 is under 90 %
     assert lb.sustained_rate([500], [{"achieved_per_s": 100.0, "shed": 0}]) is None
+    # Against what the Poisson schedule offered (1930/s asked 2000), not the level's name.
+    assert lb.sustained_rate([2000], [{"achieved_per_s": 1756.0, "shed": 0, "offered_per_s": 1930.0}]) == 2000
     assert lb.peak(pts) == 3900.0 and lb.peak([]) is None
 
     def rounds(*vals):
