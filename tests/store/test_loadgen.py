@@ -114,7 +114,7 @@ async def test_open_loop_sheds_at_the_cap_and_counts_every_arrival():
     assert cellar.busy_max == 3 and len(cellar.sent) == 3
     assert len(res.latencies_ms) == 3 == len(res.completions) == len(res.send_lag_ms)
     # From the scheduled time: each write's latency holds its own lateness in leaving.
-    assert sum(res.latencies_ms) > sum(res.send_lag_ms) >= 0
+    assert sum(res.latencies_ms) > sum(res.send_lag_ms)  # (a lag may be below zero: timers fire 1 ms early)
     assert all(key.startswith("k") and 0 <= int(key[1:]) < 50 for key, _ in cellar.sent)
 
 
