@@ -353,8 +353,10 @@ def command_line(result: dict) -> str:
         return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
 
     return (f"cellar bench load --replicas {result['replicas']} --seconds {result['seconds']:g} "
-            f"--modes {join(result['modes'])} --rates {join(result['rates'])} --sessions {join(result['sessions'])} "
-            f"--max-inflight {result['max_inflight']} --value-bytes {join(result['value_sizes'])} "
+            f"--modes {join(result['modes'])} "
+            + (f"--rates {join(result['rates'])} --max-inflight {result['max_inflight']} " if result["rates"] else "")
+            + (f"--sessions {join(result['sessions'])} " if result["sessions"] else "")
+            + f"--value-bytes {join(result['value_sizes'])} "
             f"--keys {result['keys']} --key-dist {join(result['key_dists'])} --zipf-s {result['zipf_s']:g} "
             f"--warmup {result['warmup']:g} --rounds {result['rounds']} --fsync {result['fsync']} "
             f"--seed {result['seed']}")

@@ -79,6 +79,12 @@ def test_option_lists():
             lb.parse_list(bad, "--rates", float, 1, 1e6)
     with pytest.raises(click.BadParameter):
         lb.parse_choices("uniform,pareto", "--key-dist", lb.KEY_DISTS)
+    # The command in summary.md names only what the run used, and runs as written.
+    line = lb.command_line({"replicas": 3, "seconds": 2.0, "modes": ["closed"], "rates": [], "sessions": [1, 64],
+                            "max_inflight": 1024, "value_sizes": [1024], "keys": 100, "key_dists": ["zipf"],
+                            "zipf_s": 0.99, "warmup": 0.0, "rounds": 2, "fsync": "batch", "seed": 3})
+    assert line == ("cellar bench load --replicas 3 --seconds 2 --modes closed --sessions 1,64 --value-bytes 1024 "
+                    "--keys 100 --key-dist zipf --zipf-s 0.99 --warmup 0 --rounds 2 --fsync batch --seed 3")
 
 
 def test_load_smoke(tmp_path):
