@@ -145,6 +145,20 @@ def paired_ratios(a: Sequence[dict], b: Sequence[dict], key: str) -> list[float 
     return out
 
 
+def plan(combos: Sequence[tuple], levels: dict[str, list], rounds: int) -> list[tuple]:
+    """``(round, combo, level index, protocols in order)`` for every point: the order
+    alternates from one point to the next, and each round starts the other way round
+    (so each point sees both orders over two rounds)."""
+    out = []
+    for r in range(rounds):
+        n = r
+        for c in combos:
+            for k in range(len(levels[c[2]])):
+                out.append((r, c, k, pc.alternate(pc.PROTOCOLS, n)))
+                n += 1
+    return out
+
+
 def series_name(value_bytes: int, key_dist: str, mode: str) -> str:
     return f"{value_bytes} B, {key_dist}, {mode} loop"
 
@@ -249,18 +263,15 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
                                               key_chooser=choosers[key_dists[0]])
                 finally:
                     frame.progress.remove_task(task)
-        n = 0  # points so far: the protocols' order alternates from one to the next
-        for r in range(rounds):
-            for c in combos:
-                vb, kd, mode = c
-                for k, level in enumerate(levels[mode]):
-                    for p in pc.alternate(pc.PROTOCOLS, n):
-                        what = f"{level:g}/s offered" if mode == "open" else f"{level} sessions"
-                        m = await measure(frame, runs[p], mode=mode, level=level, seconds=seconds,
-                                          max_inflight=max_inflight, key_chooser=choosers[kd], value_bytes=vb,
-                                          seed=seed + 1000 * r + n, name=f"round {r + 1} {p} {vb} B {kd} {what}")
-                        measured[c][p][k].append(m)
-                    n += 1
+        for r, c, k, order in plan(combos, levels, rounds):
+            vb, kd, mode = c
+            level = levels[mode][k]
+            what = f"{level:g}/s offered" if mode == "open" else f"{level} sessions"
+            for p in order:  # both protocols get the same seed: the same arrivals and keys
+                m = await measure(frame, runs[p], mode=mode, level=level, seconds=seconds, max_inflight=max_inflight,
+                                  key_chooser=choosers[kd], value_bytes=vb, seed=seed + 1000 * r + k,
+                                  name=f"round {r + 1} {p} {vb} B {kd} {what}")
+                measured[c][p][k].append(m)
         statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
         result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
         result["loop_lag_max_ms"] = {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]

@@ -71,6 +71,19 @@ def test_sustained_rate_peak_and_ratios():
     assert lb.paired_ratios([sd], [mp], "p99_ms") == [None]
 
 
+def test_plan_alternates_point_by_point_and_round_by_round():
+    combos = [(16, "zipf", "open"), (16, "zipf", "closed")]
+    steps = lb.plan(combos, {"open": [500, 1000], "closed": [4, 16]}, rounds=2)
+    assert len(steps) == 8
+    first = [order[0] for _, _, _, order in steps]
+    assert first[:4] == ["sdpaxos", "multipaxos", "sdpaxos", "multipaxos"]
+    assert first[4:] == ["multipaxos", "sdpaxos", "multipaxos", "sdpaxos"]  # (4 points: an even count)
+    for _, c, k, order in steps:
+        assert sorted(order) == ["multipaxos", "sdpaxos"]
+        # Every point is measured once in each order over the two rounds.
+        assert {s[3][0] for s in steps if (s[1], s[2]) == (c, k)} == {"sdpaxos", "multipaxos"}
+
+
 def test_option_lists():
     assert lb.parse_list("500, 1000,2e3", "--rates", float, 1, 1e6) == [500.0, 1000.0, 2000.0]
     assert lb.parse_choices("zipf,uniform", "--key-dist", lb.KEY_DISTS) == ["zipf", "uniform"]
