@@ -249,6 +249,7 @@ async def run_open_loop(
     seed: int = 1,
     key_prefix: str = "",
     on_progress=None,
+    drain_s: float | None = None,
 ) -> LoadResult:
     """Blind writes arriving as a Poisson process of ``rate``/s for ``seconds``, each
     sent at its scheduled time whatever the earlier ones are doing (open loop). Each
@@ -259,8 +260,9 @@ async def run_open_loop(
     coordinated omission); ``send_lag_ms`` says how late each write actually left.
     Keys ``{key_prefix}k{rank}`` drawn by ``key_chooser``. Arrivals due at once go in
     bursts of at most ``SEND_BURST_MAX`` between turns of the loop. After the
-    schedule, the writes still outstanding get the client's deadline (plus 5 s); any
-    left then are cancelled and counted as errors."""
+    schedule, the writes still outstanding get ``drain_s`` (default: the client's
+    deadline plus 5 s); any left then are cancelled and counted as errors, so every
+    arrival ends up once in ``ops``, ``shed`` or ``errors``."""
     if max_inflight < 1:
         raise ValueError("max_inflight must be >= 1")
     result = LoadResult()
@@ -276,6 +278,9 @@ async def run_open_loop(
             await s.put(key, val)
         except (CellarError, ConnectionError, TimeoutError):
             result.errors += 1
+        except asyncio.CancelledError:
+            result.errors += 1  # cancelled after the drain: its outcome is unknown
+            raise
         else:
             now = time.monotonic()
             lat.append((now - due) * 1000)
@@ -324,12 +329,12 @@ async def run_open_loop(
             if k < n and t_start + arrivals[k] <= now:
                 await asyncio.sleep(0)  # more due at once: let the loop turn first
         if outstanding:
-            _, late = await asyncio.wait(set(outstanding), timeout=cellar.deadline_s + 5)
+            _, late = await asyncio.wait(set(outstanding),
+                                         timeout=drain_s if drain_s is not None else cellar.deadline_s + 5)
             for task in late:
                 task.cancel()
             if late:
                 await asyncio.gather(*late, return_exceptions=True)
-                result.errors += len(late)
     finally:
         if reporter is not None:
             reporter.cancel()

@@ -128,3 +128,11 @@ async def test_open_loop_counts_errors_and_reuses_sessions():
     assert all(len(v) == 1024 for _, v in cellar.sent)
     with pytest.raises(ValueError):
         await run_open_loop(cellar, rate=1, seconds=1, max_inflight=0, key_chooser=UniformKeys(1))
+
+
+async def test_open_loop_counts_writes_left_at_the_drain_as_errors():
+    cellar = FakeCellar()  # never answers
+    res = await run_open_loop(cellar, rate=100, seconds=0.3, max_inflight=4, key_chooser=UniformKeys(5), seed=1,
+                              drain_s=0.05)
+    assert res.ops == 0 and res.errors == 4 and res.shed == res.offered - 4
+    assert res.offered == res.ops + res.shed + res.errors and cellar.busy == 0
