@@ -30,7 +30,9 @@ each point; per value size and key distribution, each protocol's peak achieved
 writes/s (over both modes) and the highest offered rate it sustained (nothing shed,
 achieved at least 90 % of offered), with their ratios. The protocols' order alternates
 from point to point (and round to round, ``--rounds``: each point is the median over
-the rounds) so that drift in the machine's load hits both. Results:
+the rounds) so that drift in the machine's load hits both. A point where nothing was
+acknowledged (a cluster that collapsed under the load) stays in the report, named at
+its end with any replica that exited and the first line of its crash.log. Results:
 ``OUT/load-<UTC>/`` (results.json, load.png, summary.md). Nothing here asserts a time.
 
     cellar bench load                                  # both modes, 16 B and 1 KiB, uniform and Zipf
@@ -40,6 +42,7 @@ the rounds) so that drift in the machine's load hits both. Results:
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import statistics
 import tempfile
@@ -49,7 +52,6 @@ from typing import Any, Callable, Sequence
 import click
 
 from bench import paper_common as pc
-from bench.paper_common import BenchError
 
 MODES = ("open", "closed")
 KEY_DISTS = ("uniform", "zipf")
@@ -263,15 +265,24 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
                                               key_chooser=choosers[key_dists[0]])
                 finally:
                     frame.progress.remove_task(task)
+        broken: set[str] = set()  # a replica exited and a point got no answer: the rest is skipped
         for r, c, k, order in plan(combos, levels, rounds):
             vb, kd, mode = c
             level = levels[mode][k]
             what = f"{level:g}/s offered" if mode == "open" else f"{level} sessions"
             for p in order:  # both protocols get the same seed: the same arrivals and keys
+                if p in broken:
+                    measured[c][p][k].append(skipped(mode, level, seconds))
+                    continue
                 m = await measure(frame, runs[p], mode=mode, level=level, seconds=seconds, max_inflight=max_inflight,
                                   key_chooser=choosers[kd], value_bytes=vb, seed=seed + 1000 * r + k,
                                   name=f"round {r + 1} {p} {vb} B {kd} {what}")
                 measured[c][p][k].append(m)
+                if m["ops"] == 0 and exited(runs[p]):
+                    broken.add(p)
+                    frame.say(f"{p}: a replica exited and this point got no answer at all: its remaining points "
+                              "are skipped (see the end of the report)")
+        result["replicas_exited"] = {p: exited(run) for p, run in runs.items()}
         statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
         result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
         result["loop_lag_max_ms"] = {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]
@@ -281,8 +292,6 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
             await run.stop()
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)
-    if any(m["ops"] == 0 for per in measured.values() for ms in per.values() for x in ms for m in x):
-        raise BenchError("a point acknowledged no write at all: see the progress lines")
     series = []
     for c in combos:
         vb, kd, mode = c
@@ -305,8 +314,58 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
                                "sustained_offered_per_s": sus,
                                "sustained_ratio_sdpaxos_over_multipaxos": pc.ratio(sus["sdpaxos"],
                                                                                    sus["multipaxos"])})
-    result.update({"series": series, "saturation": saturation})
+    # A point with no acknowledged write stays in the report (a cluster that collapsed
+    # under load is a finding, not a failed run); the table names them.
+    def where(pred: Callable[[dict], bool]) -> list[str]:
+        return [f"{s['name']} {p} at {m['level']:g}, round {j + 1}" for s in series for p in pc.PROTOCOLS
+                for m in s["points"][p] for j, x in enumerate(m["rounds"]) if pred(x)]
+
+    result.update({"series": series, "saturation": saturation,
+                   "points_without_acks": where(lambda x: x["ops"] == 0 and not x.get("skipped")),
+                   "points_skipped": where(lambda x: bool(x.get("skipped")))})
+    for line in warnings(result):
+        frame.say(line)
     return result
+
+
+def skipped(mode: str, level: float, seconds: float) -> dict:
+    """A point not measured: its protocol's cluster had lost a replica and answered nothing."""
+    return {"level": level, "mode": mode, "achieved_per_s": None, "offered_per_s": None, "p50_ms": None,
+            "p99_ms": None, "p999_ms": None, "ops": 0, "offered": None, "shed": 0, "errors": 0,
+            "send_lag_p99_ms": None, "seconds": seconds, "views_before": None, "views_after": None, "skipped": True}
+
+
+def exited(run: pc.Run) -> dict[str, dict]:
+    """The replicas of ``run`` whose process is gone, with its exit status and the first
+    line of its crash.log (``cellar serve`` writes one on an internal error)."""
+    out: dict[str, dict] = {}
+    for i, proc in sorted(run.cluster.procs.items()):
+        code = proc.poll()
+        if code is None:
+            continue
+        crash = None
+        try:
+            with open(os.path.join(run.cluster.data_dir(i), "crash.log"), errors="replace") as f:
+                crash = next((ln.strip(" -") for ln in f if ln.strip()), None)
+        except OSError:
+            pass
+        out[str(i)] = {"exit_code": code, "crash": crash, "log_tail": run.cluster.log_tail(i, 2)[-600:]}
+    return out
+
+
+def warnings(result: dict) -> list[str]:
+    lines = []
+    if result.get("points_skipped"):
+        lines.append(f"not measured, the cluster having collapsed before: {len(result['points_skipped'])} point(s), "
+                     f"from {result['points_skipped'][0]}")
+    if result.get("points_without_acks"):
+        lines.append(f"no write acknowledged at {len(result['points_without_acks'])} point(s): "
+                     + "; ".join(result["points_without_acks"][:6])
+                     + (" ..." if len(result["points_without_acks"]) > 6 else ""))
+    for p, gone in (result.get("replicas_exited") or {}).items():
+        for i, e in gone.items():
+            lines.append(f"{p} replica {i} exited (status {e['exit_code']}) during the run: {e['crash'] or e['log_tail']}")
+    return lines
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -352,6 +411,7 @@ def format_table(result: dict) -> str:
                for m in s["points"][p] for j, x in enumerate(m["rounds"]) if x["views_before"] != x["views_after"]]
     lines += ["", "views changed during: " + ("; ".join(changed) if changed else "none") +
               f". Longest event-loop pause per replica (ms): {result.get('loop_lag_max_ms')}"]
+    lines += warnings(result)
     if "open" in result["modes"]:
         lines.append("lag99 (open loop): p99 of how late the bench sent a write after its scheduled time, in ms; "
                      "it is inside the latency (measured from the schedule), and a large one means the bench "
@@ -401,9 +461,9 @@ def plot(result: dict, path: str) -> None:
             (s,) = [s for s in result["series"] if (s["value_bytes"], s["key_dist"], s["mode"]) == (vb, kd, mode)]
             for p in pc.PROTOCOLS:
                 pts = s["points"][p]
-                xs = [m["achieved_per_s"] for m in pts]
+                xs = [m["achieved_per_s"] if m["achieved_per_s"] is not None else float("nan") for m in pts]
                 for key, style, label in (("p50_ms", "-", "p50"), ("p99_ms", "--", "p99")):
-                    ys = [m[key] for m in pts]
+                    ys = [m[key] if m[key] is not None else float("nan") for m in pts]  # no acks: no point
                     ax.plot(xs, ys, linestyle=style, marker="o" if key == "p50_ms" else ".", color=pc.COLORS[p],
                             label=f"{p} {label}")
                 if mode == "open":  # each point's offered rate, where the achieved one falls short

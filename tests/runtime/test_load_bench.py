@@ -84,6 +84,46 @@ def test_plan_alternates_point_by_point_and_round_by_round():
         assert {s[3][0] for s in steps if (s[1], s[2]) == (c, k)} == {"sdpaxos", "multipaxos"}
 
 
+def test_a_collapsed_cluster_is_reported_not_dropped(tmp_path):
+    # A made-up run: Multi-Paxos acknowledged nothing at the second rate, one replica gone.
+    def m(level, ach, p50, ops, shed=0):
+        return {"level": level, "mode": "open", "offered_per_s": float(level), "achieved_per_s": ach, "p50_ms": p50,
+                "p99_ms": p50 and p50 * 3, "p999_ms": p50 and p50 * 4, "send_lag_p99_ms": 1.0, "ops": ops,
+                "shed": shed, "errors": 0 if ops else 9, "views_before": [0, 0, 0], "views_after": [0, 0, 0]}
+
+    sd = [lb.combine([m(100, 99.0, 5.0, 99)]), lb.combine([m(400, 390.0, 9.0, 390)]),
+          lb.combine([m(800, 700.0, 20.0, 700)])]
+    mp = [lb.combine([m(100, 98.0, 6.0, 98)]), lb.combine([m(400, 0.0, None, 0, shed=300)]),
+          lb.combine([lb.skipped("open", 800, 1.0)])]  # not measured: the cluster had collapsed
+    assert mp[2]["achieved_per_s"] is None and mp[2]["ops"] == 0 and lb.peak(mp) == 98.0
+    series = [{"name": lb.series_name(16, "zipf", "open"), "value_bytes": 16, "key_dist": "zipf", "mode": "open",
+               "levels": [100, 400, 800], "points": {"sdpaxos": sd, "multipaxos": mp},
+               "ratio_sdpaxos_over_multipaxos": {k: lb.paired_ratios(sd, mp, k)
+                                                 for k in ("p50_ms", "p99_ms", "achieved_per_s")}}]
+    assert series[0]["ratio_sdpaxos_over_multipaxos"]["p50_ms"] == [0.833, None, None]
+    result = {"replicas": 3, "seconds": 1.0, "rounds": 1, "max_inflight": 64, "fsync": "batch", "core_commit": "x",
+              "cpus": 2, "load_average_before": [1.0, 1.0, 1.0], "load_average_after": None, "modes": ["open"],
+              "key_distributions": {"zipf": "Zipf s=0.99 over 100 keys"}, "sustained_fraction": 0.9,
+              "series": series, "value_sizes": [16], "key_dists": ["zipf"],
+              "saturation": [{"value_bytes": 16, "key_dist": "zipf",
+                              "peak_achieved_per_s": {"sdpaxos": 390.0, "multipaxos": 98.0},
+                              "peak_ratio_sdpaxos_over_multipaxos": 3.98,
+                              "sustained_offered_per_s": {"sdpaxos": 400, "multipaxos": 100},
+                              "sustained_ratio_sdpaxos_over_multipaxos": 4.0}],
+              "points_without_acks": ["16 B, zipf, open loop multipaxos at 400, round 1"],
+              "points_skipped": ["16 B, zipf, open loop multipaxos at 800, round 1"],
+              "replicas_exited": {"sdpaxos": {}, "multipaxos": {"0": {"exit_code": 1, "crash": "internal error",
+                                                                      "log_tail": ""}}}}
+    text = lb.format_table(result)
+    assert "no write acknowledged at 1 point(s): 16 B, zipf, open loop multipaxos at 400" in text
+    assert "multipaxos replica 0 exited (status 1) during the run: internal error" in text
+    assert "not measured, the cluster having collapsed before: 1 point(s), from 16 B, zipf, open loop multipaxos at 800" in text
+    row = [ln for ln in text.splitlines() if ln.strip().startswith("400")][0]
+    assert "-" in row and "300" in row
+    lb.plot(result, str(tmp_path / "load.png"))  # no acknowledgement: a gap in the line, not a failure
+    assert (tmp_path / "load.png").stat().st_size > 0
+
+
 def test_option_lists():
     assert lb.parse_list("500, 1000,2e3", "--rates", float, 1, 1e6) == [500.0, 1000.0, 2000.0]
     assert lb.parse_choices("zipf,uniform", "--key-dist", lb.KEY_DISTS) == ["zipf", "uniform"]
