@@ -364,7 +364,8 @@ def warnings(result: dict) -> list[str]:
                      + (" ..." if len(result["points_without_acks"]) > 6 else ""))
     for p, gone in (result.get("replicas_exited") or {}).items():
         for i, e in gone.items():
-            lines.append(f"{p} replica {i} exited (status {e['exit_code']}) during the run: {e['crash'] or e['log_tail']}")
+            how = (f"killed by signal {-e['exit_code']}" if e["exit_code"] < 0 else f"status {e['exit_code']}")
+            lines.append(f"{p} replica {i} exited ({how}) during the run: {e['crash'] or e['log_tail']}")
     return lines
 
 
@@ -404,9 +405,10 @@ def format_table(result: dict) -> str:
         pk, su = sat["peak_achieved_per_s"], sat["sustained_offered_per_s"]
         lines.append(f"  {sat['value_bytes']:>5} B {sat['key_dist']:<7}  peak SDPaxos {_n(pk['sdpaxos'], 0, 0)}, "
                      f"Multi-Paxos {_n(pk['multipaxos'], 0, 0)} writes/s, SD/MP "
-                     f"{_n(sat['peak_ratio_sdpaxos_over_multipaxos'], 0)}; sustained SDPaxos "
-                     f"{_n(su['sdpaxos'], 0, 0)}, Multi-Paxos {_n(su['multipaxos'], 0, 0)}/s, SD/MP "
-                     f"{_n(sat['sustained_ratio_sdpaxos_over_multipaxos'], 0)}")
+                     f"{_n(sat['peak_ratio_sdpaxos_over_multipaxos'], 0)}"
+                     + (f"; sustained SDPaxos {_n(su['sdpaxos'], 0, 0)}, Multi-Paxos {_n(su['multipaxos'], 0, 0)}/s, "
+                        f"SD/MP {_n(sat['sustained_ratio_sdpaxos_over_multipaxos'], 0)}"
+                        if "open" in result["modes"] else ""))
     changed = [f"{s['name']} {p} at {m['level']:g}, round {j + 1}" for s in result["series"] for p in pc.PROTOCOLS
                for m in s["points"][p] for j, x in enumerate(m["rounds"]) if x["views_before"] != x["views_after"]]
     lines += ["", "views changed during: " + ("; ".join(changed) if changed else "none") +
