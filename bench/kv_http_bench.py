@@ -858,6 +858,7 @@ def _bench_group() -> click.Group:
     from bench.cluster_bench import bench as cluster
     from bench.failover_bench import failover
     from bench.geo_bench import geo
+    from bench.load_bench import load
     from bench.peers_bench import peers
     from bench.reads_bench import reads
     from bench.straggler_bench import straggler
@@ -874,13 +875,16 @@ def _bench_group() -> click.Group:
                        "one-round-trip bound (see `cellar bench geo --help`).\n\n`cellar bench peers`: Cellar "
                        "beside etcd and PySyncObj at several client counts (see `cellar bench peers --help`)."
                        "\n\n`cellar bench failover`, `reads`, "
-                       "`straggler`: the SDPaxos paper's Figs. 14, 11 and 9 on real processes.",
+                       "`straggler`: the SDPaxos paper's Figs. 14, 11 and 9 on real processes.\n\n`cellar bench "
+                       "load`: write latency against offered load, open and closed loop (see `cellar bench load "
+                       "--help`).",
                        short_help=cluster.short_help)
     group.add_command(kv_http)
     group.add_command(geo)
     group.add_command(failover)
     group.add_command(reads)
     group.add_command(straggler)
+    group.add_command(load)
     group.add_command(peers)
     return group
 

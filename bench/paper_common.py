@@ -1,6 +1,7 @@
-"""What ``cellar bench failover``, ``reads`` and ``straggler`` share (the SDPaxos paper's
-Figs. 14, 11 and 9 on real processes): the pure timeline helpers, per-replica load,
-a status watcher, and the run frame (results folder, progress on stderr, signals).
+"""What ``cellar bench failover``, ``reads``, ``straggler`` and ``load`` share (the SDPaxos
+paper's Figs. 14, 11 and 9, and latency against offered load, on real processes): the
+pure timeline helpers, per-replica load, a status watcher, and the run frame (results
+folder, progress on stderr, signals).
 
 Pure helpers (unit-tested in tests/runtime/test_paper_benches.py):
 
@@ -174,9 +175,12 @@ class Run:
 
 
 async def per_replica_load(run: Run, at: Sequence[int], sessions: int, seconds: float, *, read_fraction: float = 0.0,
-                           seed: int = 1, on_progress: Callable[[int], None] | None = None) -> dict[int, Any]:
+                           seed: int = 1, on_progress: Callable[[int], None] | None = None, value_bytes: int = 16,
+                           key_chooser: Callable | None = None) -> dict[int, Any]:
     """``sessions`` closed-loop sessions spread over the replicas ``at``, each group
-    through a client that talks to its replica only; completions recorded."""
+    through a client that talks to its replica only; completions recorded. Keys: each
+    session's own under ``r<i>/``, or with ``key_chooser`` (``store.loadgen.ZipfKeys``,
+    ``UniformKeys``) one key space shared by every replica's sessions."""
     from store.loadgen import LoadResult, run_load
 
     share = {i: sessions // len(at) + (1 if k < sessions % len(at) else 0) for k, i in enumerate(at)}
@@ -192,7 +196,8 @@ async def per_replica_load(run: Run, at: Sequence[int], sessions: int, seconds: 
     groups = [i for i in at if share[i] > 0]
     results = await asyncio.gather(*[
         run_load(run.clients[i], sessions=share[i], seconds=seconds, read_fraction=read_fraction, seed=seed * 100 + i,
-                 key_prefix=f"r{i}/", record_completions=True, on_progress=tick(i)) for i in groups])
+                 key_prefix="" if key_chooser is not None else f"r{i}/", record_completions=True,
+                 on_progress=tick(i), value_bytes=value_bytes, key_chooser=key_chooser) for i in groups])
     return dict(zip(groups, results))
 
 
@@ -379,16 +384,18 @@ def cli_main(exp: str, call: Callable[[], dict], as_json: bool, text: Callable[[
     click.echo(json.dumps(result) if as_json else text(result))
 
 
-def common_options(seconds: float, sessions: int) -> Callable:
-    """``--replicas --seconds --sessions --fsync --out --quiet --json``."""
+def common_options(seconds: float, sessions: int | None) -> Callable:
+    """``--replicas --seconds --sessions --fsync --out --quiet --json`` (no ``--sessions``
+    with ``sessions=None``: the command defines its own)."""
     def deco(f: Callable) -> Callable:
         for opt in reversed([
             click.option("--replicas", type=click.Choice(["3", "5"]), default="3", show_default=True,
                          callback=lambda c, p, v: int(v)),
             click.option("--seconds", type=click.FloatRange(1.0, 600), default=seconds, show_default=True,
                          help="Measured seconds per protocol (per case, per point)."),
-            click.option("--sessions", type=click.IntRange(1, 4096), default=sessions, show_default=True,
-                         help="Closed-loop sessions (16-byte blind writes, keys of their own)."),
+            *([] if sessions is None else [
+                click.option("--sessions", type=click.IntRange(1, 4096), default=sessions, show_default=True,
+                             help="Closed-loop sessions (16-byte blind writes, keys of their own).")]),
             click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default="batch",
                          show_default=True, help="The replicas' WAL fsync policy."),
             click.option("--out", type=click.Path(file_okay=False), default=os.path.join("bench", "results"),
