@@ -23,8 +23,10 @@ CAUGHT_BY = {
 }
 
 
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=() if b == "kv-lost-write" else pytest.mark.slow)
-                                 for b in MACHINE_BUGS])
+# About 10 s each against real processes: under -m slow (the default suite's checkers
+# catch the same kinds of history in tests/jepsen_like and test_jepsen_scheduler.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", MACHINE_BUGS)
 async def test_a_broken_state_machine_is_caught(tmp_path, bug):
     spec = RunSpec(workload="scheduler" if bug.startswith("scheduler-") else "kv", nemesis=[], nodes=3, seconds=6,
                    sessions=8, keys=2, seed=3, out_root=str(tmp_path), planted=f"machine-{bug}", base_ip=60)
