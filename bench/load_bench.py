@@ -181,19 +181,11 @@ async def per_replica_open_loop(run: pc.Run, at: Sequence[int], rate: float, max
                                 on_progress: Callable[[int], None] | None = None) -> dict[int, Any]:
     """An open-loop share of ``rate`` (and of ``max_inflight``) at each replica of ``at``,
     through the client that talks to that replica only."""
-    from store.loadgen import LoadResult, run_open_loop
+    from store.loadgen import run_open_loop
 
     rates = shares(rate, at, integral=False)
     caps = shares(max(max_inflight, len(at)), at, integral=True)
-    live: dict[int, LoadResult] = {}
-
-    def tick(i: int) -> Callable[[LoadResult], None]:
-        def on(res: LoadResult) -> None:
-            live[i] = res
-            if on_progress is not None:
-                on_progress(sum(r.ops for r in live.values()))
-        return on
-
+    tick = pc.progress_by_replica(on_progress)
     results = await asyncio.gather(*[
         run_open_loop(run.clients[i], rate=rates[i], seconds=seconds, max_inflight=caps[i], key_chooser=key_chooser,
                       value_bytes=value_bytes, seed=seed * 100 + i, on_progress=tick(i)) for i in at])
@@ -283,10 +275,7 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
                     frame.say(f"{p}: a replica exited and this point got no answer at all: its remaining points "
                               "are skipped (see the end of the report)")
         result["replicas_exited"] = {p: exited(run) for p, run in runs.items()}
-        statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
-        result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
-        result["loop_lag_max_ms"] = {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]
-                                     for p, sts in statuses.items()}
+        result.update(await pc.end_state(runs, replicas))
     finally:
         for run in runs.values():
             await run.stop()

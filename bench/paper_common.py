@@ -181,24 +181,41 @@ async def per_replica_load(run: Run, at: Sequence[int], sessions: int, seconds: 
     through a client that talks to its replica only; completions recorded. Keys: each
     session's own under ``r<i>/``, or with ``key_chooser`` (``store.loadgen.ZipfKeys``,
     ``UniformKeys``) one key space shared by every replica's sessions."""
-    from store.loadgen import LoadResult, run_load
+    from store.loadgen import run_load
 
     share = {i: sessions // len(at) + (1 if k < sessions % len(at) else 0) for k, i in enumerate(at)}
-    live: dict[int, LoadResult] = {}
-
-    def tick(i: int) -> Callable[[LoadResult], None]:
-        def on(res: LoadResult) -> None:
-            live[i] = res
-            if on_progress is not None:
-                on_progress(sum(r.ops for r in live.values()))
-        return on
-
+    tick = progress_by_replica(on_progress)
     groups = [i for i in at if share[i] > 0]
     results = await asyncio.gather(*[
         run_load(run.clients[i], sessions=share[i], seconds=seconds, read_fraction=read_fraction, seed=seed * 100 + i,
                  key_prefix="" if key_chooser is not None else f"r{i}/", record_completions=True,
                  on_progress=tick(i), value_bytes=value_bytes, key_chooser=key_chooser) for i in groups])
     return dict(zip(groups, results))
+
+
+def progress_by_replica(on_progress: Callable[[int], None] | None) -> Callable[[int], Callable]:
+    """``tick(i)``: the ``on_progress`` callback for replica i's load, which reports the
+    operations done so far over every replica's load to ``on_progress``."""
+    live: dict[int, Any] = {}
+
+    def tick(i: int) -> Callable:
+        def on(res: Any) -> None:
+            live[i] = res
+            if on_progress is not None:
+                on_progress(sum(r.ops for r in live.values()))
+        return on
+
+    return tick
+
+
+async def end_state(runs: dict[str, Run], replicas: int) -> dict[str, dict]:
+    """Each protocol's replicas at the end: their views (a view change under load is an
+    election timeout, a stalled loop or machine, or SDPaxos's straggler detection) and
+    their loops' longest pauses, which tell those apart."""
+    statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
+    return {"views_at_end": {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()},
+            "loop_lag_max_ms": {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]
+                                for p, sts in statuses.items()}}
 
 
 class StatusWatcher:

@@ -128,13 +128,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                     frame.say(f"{name}: {m['ops_per_s']:>8.0f} ops/s ({m['reads_per_s']:.0f} reads, "
                               f"{m['writes_per_s']:.0f} writes)  p50 {m['p50_ms']} ms  p99 {m['p99_ms']} ms  "
                               f"errors {m['errors']}")
-        statuses = {p: [await run.status(i) for i in range(replicas)] for p, run in runs.items()}
-        result["views_at_end"] = {p: [st.get("view") if st else None for st in sts] for p, sts in statuses.items()}
-        # A view change under load is either an election timeout (a replica heard nothing for
-        # 500 ms: its event loop or the machine stalled that long) or SDPaxos's straggler
-        # detection judging the sequencer slow; the loops' longest pauses tell them apart.
-        result["loop_lag_max_ms"] = {p: [st.get("loop", {}).get("lag_max_ms") if st else None for st in sts]
-                                     for p, sts in statuses.items()}
+        result.update(await pc.end_state(runs, replicas))
     finally:
         for run in runs.values():
             await run.stop()
