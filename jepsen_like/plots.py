@@ -63,11 +63,17 @@ _COLORS = {"partition": "#f4a3a3", "kill": "#a3b8f4", "pause": "#f4dca3", "clock
 def _shade(ax, faults: Sequence[dict]) -> None:
     seen = set()
     for f in faults:
-        family = f["kind"].split("-")[0]
-        family = family if family in _COLORS else "partition"
-        label = None if family in seen else family
-        seen.add(family)
-        ax.axvspan(f["start"], f["end"], color=_COLORS[family], alpha=0.35, lw=0, label=label)
+        # a combined window (``A+B``): A shaded, B hatched over it in its own colour
+        for k, part in enumerate(f["kind"].split("+")):
+            family = part.split("-")[0]
+            family = family if family in _COLORS else "partition"
+            label = None if family in seen else family
+            seen.add(family)
+            if k == 0:
+                ax.axvspan(f["start"], f["end"], color=_COLORS[family], alpha=0.35, lw=0, label=label)
+            else:
+                ax.axvspan(f["start"], f["end"], facecolor="none", edgecolor=_COLORS[family], hatch="//",
+                           lw=0, label=label)
 
 
 def write_plots(directory: str | Path, history: Sequence[Op], faults: Sequence[dict], title: str = "") -> list[Path]:
