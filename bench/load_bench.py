@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -277,10 +276,7 @@ async def run_load_bench(frame: pc.Frame, *, replicas: int, seconds: float, mode
         result["replicas_exited"] = {p: exited(run) for p, run in runs.items()}
         result.update(await pc.end_state(runs, replicas))
     finally:
-        for run in runs.values():
-            await run.stop()
-        for root in roots.values():
-            shutil.rmtree(root, ignore_errors=True)
+        await pc.stop_runs(runs, roots)
     series = []
     for c in combos:
         vb, kd, mode = c

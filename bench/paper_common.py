@@ -218,6 +218,14 @@ async def end_state(runs: dict[str, Run], replicas: int) -> dict[str, dict]:
                                 for p, sts in statuses.items()}}
 
 
+async def stop_runs(runs: dict[str, Run], roots: dict[str, str]) -> None:
+    """Stop every protocol's cluster (by PID) and remove its data."""
+    for run in runs.values():
+        await run.stop()
+    for root in roots.values():
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class StatusWatcher:
     """Polls the replicas' status every ``every`` s; records each change of (view,
     sequencer/leader, phase) with its monotonic time. Bounded by ``stop()`` and a deadline."""

@@ -32,7 +32,6 @@ each protocol against its own all-writes figure. Results: ``OUT/reads-<UTC>/``
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import tempfile
 import time
@@ -130,10 +129,7 @@ async def run_reads(frame: pc.Frame, *, replicas: int, sessions: int, seconds: f
                               f"errors {m['errors']}")
         result.update(await pc.end_state(runs, replicas))
     finally:
-        for run in runs.values():
-            await run.stop()
-        for root in roots.values():
-            shutil.rmtree(root, ignore_errors=True)
+        await pc.stop_runs(runs, roots)
     if any(m["ops"] == 0 for per in measured.values() for ms in per for m in ms):
         raise BenchError("a point acknowledged no operation at all: see the progress lines")
     points = {p: [combine(ms) for ms in per] for p, per in measured.items()}
