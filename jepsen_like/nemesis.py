@@ -205,8 +205,10 @@ PARTITIONS = ("halves", "isolate", "isolate-sequencer", "bridge", "ring", "one-w
 FLAP_SHAPES = ("halves", "isolate", "one-way")  # what one flap of a flapping partition cuts
 FLAP_S = (0.2, 1.0)  # each flap's cut, then its heal, lasts this long
 COMBINED = 0.25  # the share of windows that combine a network fault with another
-_NET = ("partition", "delay")
-_WITH_NET = ("kill", "pause", "clock")  # what a network fault may combine with (disk: never)
+# What a fault of each nemesis may be combined with: network faults with kill, pause or
+# clock faults (disk: never; its faults kill and restart a node of their own).
+_PARTNERS = {"partition": ("kill", "pause", "clock"), "delay": ("kill", "pause", "clock"),
+             "kill": ("partition", "delay"), "pause": ("partition", "delay"), "clock": ("partition", "delay")}
 
 
 def flap_pairs(n: int, rng: random.Random) -> tuple[set[tuple[int, int]], str]:
@@ -248,10 +250,10 @@ def schedule(kinds: list[str], seconds: float, rng: random.Random, *, quiet_s: f
         # each nemesis as often as the others, whatever its number of shapes
         family = names[0] if len(names) == 1 else rng.choice(names)
         kind = rng.choice(families[family])
-        partners = [f for f in names if f in (_WITH_NET if family in _NET else _NET if family in _WITH_NET else ())]
+        partners = [f for f in names if f in _PARTNERS.get(family, ())]
         if partners and rng.random() < COMBINED:
             other = rng.choice(families[rng.choice(partners)])
-            kind = f"{kind}+{other}" if family in _NET else f"{other}+{kind}"  # the network fault first
+            kind = f"{kind}+{other}" if family in ("partition", "delay") else f"{other}+{kind}"  # network first
         out.append((t, t + length, kind))
         t += length + rng.uniform(*gap_s)
     return out

@@ -28,7 +28,7 @@ The bugs (``MACHINE_BUGS``), each one a mistake an implementer could make:
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 MACHINE_BUGS = ("kv-lost-write", "kv-cas-ignores-compare", "kv-diverge", "scheduler-ack-unplaced")
 
@@ -37,70 +37,74 @@ def _suffixed(key: Any) -> Any:
     return key + (b"~lost" if isinstance(key, bytes) else "~lost")
 
 
-def _kv_machine(bug: str, node_id: int) -> Any:
-    from store.kv_machine import KVStateMachine
+def _broken_kv(bug: str, node_id: int, apply: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The KV machine's ``apply`` with ``bug`` in it."""
+    count = {"put": 0, "txn": 0}
 
-    class PlantedKV(KVStateMachine):
-        puts = 0
-        txns = 0
+    def broken(op: Any) -> Any:
+        name = op.get("op") if type(op) is dict else None
+        if name in count:
+            count[name] += 1
+        if name == "put" and "key" in op:
+            if bug == "kv-lost-write" and count["put"] % 5 == 0:
+                op = dict(op, key=_suffixed(op["key"]))
+            elif bug == "kv-diverge" and node_id == 0 and count["put"] % 10 == 0:
+                return apply({"op": "range", "key": op["key"], "count_only": True})  # applies nothing
+        elif name == "txn" and bug == "kv-cas-ignores-compare" and count["txn"] % 4 == 0:
+            op = dict(op, compare=[])
+        return apply(op)
 
-        def apply(self, op: Any) -> Any:
-            if type(op) is dict and op.get("op") == "put":
-                self.puts += 1
-                if bug == "kv-lost-write" and self.puts % 5 == 0 and "key" in op:
-                    op = dict(op, key=_suffixed(op["key"]))
-                elif bug == "kv-diverge" and node_id == 0 and self.puts % 10 == 0:
-                    return super().apply({"op": "range", "key": op.get("key"), "count_only": True}) \
-                        if "key" in op else None
-            elif type(op) is dict and op.get("op") == "txn" and bug == "kv-cas-ignores-compare":
-                self.txns += 1
-                if self.txns % 4 == 0:
-                    op = dict(op, compare=[])
-            return super().apply(op)
-
-    return PlantedKV()
+    return broken
 
 
-def _scheduler_machine(bug: str, config: Any) -> Any:
-    from scheduler_state.replicated import ReplicatedScheduler
+def _broken_scheduler(apply_one: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The scheduler's ``_apply`` (one command) with ``scheduler-ack-unplaced`` in it."""
+    placed = [0]
 
-    class PlantedScheduler(ReplicatedScheduler):
-        placed = 0
+    def broken(command: Any) -> Any:
+        result = apply_one(command)
+        if type(command) is dict and command.get("op") == "allocate" and type(result) is dict \
+                and result.get("ok") and result.get("state") == "allocated":
+            placed[0] += 1
+            group = command.get("group")
+            name = (group.get("affinityGroup") or {}).get("name") if isinstance(group, dict) else None
+            if placed[0] % 6 == 0 and name:
+                apply_one({"op": "release", "group": name})
+        return result
 
-        def _apply(self, command: Any) -> Any:
-            result = super()._apply(command)
-            if type(command) is dict and command.get("op") == "allocate" and type(result) is dict \
-                    and result.get("ok") and result.get("state") == "allocated":
-                self.placed += 1
-                group = command.get("group")
-                name = (group.get("affinityGroup") or {}).get("name") if isinstance(group, dict) else None
-                if self.placed % 6 == 0 and name:
-                    super()._apply({"op": "release", "group": name})
-            return result
+    return broken
 
-    return PlantedScheduler(config)
+
+class _Delegate:
+    """The machine ``inner`` with ``apply`` replaced; everything else is ``inner``'s."""
+
+    def __init__(self, inner: Any, apply: Callable[[Any], Any]) -> None:
+        self._inner = inner
+        self.apply = apply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def install(bug: str, node_id: int) -> None:
-    """Put the broken machine of ``bug`` into ``store.machines``' registry."""
+    """Wrap the machines ``store.machines``' registry builds so they carry ``bug``: the
+    product's own machine, its ``apply`` (the scheduler: ``_apply``, one command of a
+    batch) broken as the module docstring says."""
     from store import machines
 
     if bug not in MACHINE_BUGS:
         raise ValueError(f"unknown planted machine bug {bug!r} ({', '.join(MACHINE_BUGS)})")
-    if bug.startswith("kv-"):
-        machines._FACTORIES["kv"] = lambda config: _kv_machine(bug, node_id)
-    else:
-        real = machines._FACTORIES["scheduler"]
+    name = "kv" if bug.startswith("kv-") else "scheduler"
+    real = machines._FACTORIES[name]
 
-        def factory(config: Any) -> Any:
-            real(config)  # the same checks of the config
-            from scheduler_state.config import Config, load_config
+    def factory(config: Any) -> Any:
+        m = real(config)
+        if name == "kv":  # slotted: a stand-in that answers for it, apply broken
+            return _Delegate(m, _broken_kv(bug, node_id, m.apply))
+        m._apply = _broken_scheduler(m._apply)
+        return m
 
-            if config is not None and not isinstance(config, Config):
-                config = load_config(config)
-            return _scheduler_machine(bug, config)
-
-        machines._FACTORIES["scheduler"] = factory
+    machines._FACTORIES[name] = factory
 
 
 def main(argv: list[str]) -> None:

@@ -225,6 +225,12 @@ class _Nemesis:
         finally:
             await self._net(self.net.heal)
 
+    async def _stop_flapping(self) -> None:
+        if self._flapper is not None:
+            self._flapper.cancel()
+            await asyncio.gather(self._flapper, return_exceptions=True)  # it heals as it ends
+            self._flapper = None
+
     async def _ticks(self) -> tuple[float, dict[int, int]]:
         """(monotonic time, each answering node's tick count) from the nodes' status."""
         try:
@@ -306,9 +312,7 @@ class _Nemesis:
 
     async def undo(self, kind: str, nodes: list[int]) -> dict[str, Any] | None:
         if kind == "flapping" and self._flapper is not None:
-            self._flapper.cancel()
-            await asyncio.gather(self._flapper, return_exceptions=True)  # it heals as it ends
-            self._flapper = None
+            await self._stop_flapping()
             return {"flaps": len(self._flaps), "cuts": self._flaps[:20]}
         if kind.startswith("disk-"):
             return await _in_thread(self.disk.undo, kind, nodes[0])
@@ -336,10 +340,7 @@ class _Nemesis:
             await _in_thread(call, *args)
 
     async def heal_all(self) -> None:
-        if self._flapper is not None:
-            self._flapper.cancel()
-            await asyncio.gather(self._flapper, return_exceptions=True)
-            self._flapper = None
+        await self._stop_flapping()
         if self.net is not None:
             await self._net(self.net.heal)
         if isinstance(self.net, ProxyNet):

@@ -441,8 +441,8 @@ class Node:
             self.stats.update({"admin_refused": 0, "client_tls_refused": 0})
         # Peer messages by type, both ways (status()["messages"]): what the protocol is
         # doing, say Fetch and CCommit answers where there was no loss.
-        self.messages_sent: collections.Counter[str] = collections.Counter()
-        self.messages_received: collections.Counter[str] = collections.Counter()
+        self.messages_sent: collections.Counter[type] = collections.Counter()
+        self.messages_received: collections.Counter[type] = collections.Counter()
         self.replica: Any = None
         self.wal: WAL | None = None
         self.committer: GroupCommitter | None = None
@@ -836,7 +836,7 @@ class Node:
                     raise ProtocolError("malformed", str(e)) from None
                 received = self.messages_received
                 for m in msgs:
-                    received[type(m).__name__] += 1
+                    received[type(m)] += 1
                 if self._installing:
                     self._hold(peer, msgs)
                     continue
@@ -1192,7 +1192,7 @@ class Node:
         sent = self.messages_sent
         for dst, msgs in messages:
             for m in msgs:
-                sent[type(m).__name__] += 1
+                sent[type(m)] += 1
             wire = [encode_message(m) for m in msgs]
             try:
                 transport.send(dst, [ENVELOPE, wire])
@@ -1602,8 +1602,8 @@ class Node:
         st["wal"] = {"last_seq": self.wal.last_seq, "durable_seq": self.wal.durable_seq,
                      "first_seq": self.wal.first_seq, "fsyncs": self.wal.stats["fsyncs"]}
         st["stats"] = dict(self.stats)
-        st["messages"] = {"sent": dict(sorted(self.messages_sent.items())),
-                          "received": dict(sorted(self.messages_received.items()))}
+        st["messages"] = {way: dict(sorted((t.__name__, k) for t, k in counts.items()))
+                          for way, counts in (("sent", self.messages_sent), ("received", self.messages_received))}
         if self.transport is not None:
             st["transport"] = {k: v for k, v in sorted(self.transport.stats.items())}
             st["connected"] = [p for p in sorted(self.cfg.peers) if p != self.cfg.node_id and self.transport.is_connected(p)]
