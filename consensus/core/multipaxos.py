@@ -3,10 +3,11 @@
 Leader election uses the same view machinery as SDPaxos (views are ballots,
 ``view & 31`` is the leader): a replica that hears no ``Ping`` for
 ``election_ticks`` (randomized) sends ``VRequest`` (phase 1a for every slot from its
-committed prefix); votes carry accepted slots with their views; the winner keeps the
-highest-view batch per slot, fills holes with no-ops, re-proposes the suffix and
-serves once a majority holds it. Forwarders resend their pending commands to the
-new leader.
+committed prefix); votes carry accepted slots with their views, in chunks of at most
+``VOTE_BYTES_MAX`` (the candidate asks each voter for the rest, ``_on_vote``); once a
+majority's reports are whole, the winner keeps the highest-view batch per slot, fills
+holes with no-ops, re-proposes the suffix and serves once a majority holds it.
+Forwarders resend their pending commands to the new leader.
 
 Same interface, batching, thrifty messaging and execution as ``SDPaxosReplica`` so
 the two can be compared on the same work (``replica.py``). Non-leaders ``Forward``
@@ -36,6 +37,13 @@ SLOTS_PER_MSG_MAX = 1024
 # A message carrying several slots' batches is cut once their estimated size reaches
 # this (op_bytes; the first slot always goes), so it stays under a peer frame (8 MiB).
 MSG_BYTES_MAX = 4 << 20
+# A vote's report is cut the same way (by bytes, and at VOTE_SLOTS_MAX entries): it
+# carries every slot from the candidate's commit point, values included, and a lagging
+# candidate's came to 9-37 MB under overload, over the frame, never sent, so the
+# election never ended (issue 15). The candidate asks for the rest (``_on_vote``).
+VOTE_BYTES_MAX = MSG_BYTES_MAX
+VOTE_SLOTS_MAX = 8192
+VOTE_ENTRY_BYTES = 24  # an entry's slot, view and flag (msgpack), beside its batch
 
 
 def cut_by_bytes(batches: list, count_max: int = SLOTS_PER_MSG_MAX, bytes_max: int = MSG_BYTES_MAX) -> int:
@@ -80,9 +88,14 @@ class MultiPaxosReplica(ReplicaBase):
         self.gate = ViewGate(node_id, cfg.initial_view, cfg.heartbeat_ticks)
         self.phase = "normal"  # normal | candidate | recovering | stale
         self.election_due = self._election_deadline()
-        self.votes: dict[int, Vote] = {}
+        # Candidate: each voter's whole report (slot entries >= vote_base), and the
+        # parts of the ones still coming in chunks: what we have, the slot we asked
+        # from next, and when we asked.
+        self.votes: dict[int, list] = {}
+        self._vote_parts: dict[int, list] = {}
+        self._vote_next: dict[int, int] = {}
+        self._vote_asked = [0] * self.n
         self.vote_base = 0
-        self._vote_tick = 0
         self.recover_end = 0
         self.log: dict[int, MSlot] = {}
         self.prefix = 0  # slots below accepted in this view or committed
@@ -354,9 +367,12 @@ class MultiPaxosReplica(ReplicaBase):
                     self._start_election()
                 return
             if self.phase == "candidate":
-                if now - self._vote_tick >= self.cfg.heartbeat_ticks:
-                    self._vote_tick = now
-                    self.broadcast(VRequest(self.view, self.vote_base))
+                # Ask again every heartbeat each voter whose report is not whole yet,
+                # from where its chunks got to.
+                for dst in range(self.n):
+                    if dst != self.id and dst not in self.votes and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+                        self._vote_asked[dst] = now
+                        self.send(dst, VRequest(self.view, self._vote_next.get(dst, self.vote_base)))
                 if now >= self.election_due:
                     self._start_election()
                 return
@@ -414,7 +430,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         self.persist(["V", view])
         self.phase = "normal" if self.leader != self.id else "stale"
-        self.votes = {}
+        self._forget_votes()
         self.acked = [0] * self.n
         self.prefix = self.committed
         self._advance_prefix()
@@ -437,6 +453,11 @@ class MultiPaxosReplica(ReplicaBase):
                 self.send(self.leader, Forward(view, pending))
                 self._fwd_log.append((self.now, pending))
 
+    def _forget_votes(self) -> None:
+        self.votes = {}
+        self._vote_parts = {}
+        self._vote_next = {}
+
     def _heard_from_leader(self) -> None:
         self.election_due = self._election_deadline()
 
@@ -448,9 +469,9 @@ class MultiPaxosReplica(ReplicaBase):
         self.gate.stand()
         self.phase = "candidate"
         self.persist(["V", self.view])
-        self.votes = {}
+        self._forget_votes()
         self.vote_base = self.committed
-        self._vote_tick = self.now
+        self._vote_asked = [self.now] * self.n
         self.acked = [0] * self.n
         self.stats["view_changes_started"] = self.stats.get("view_changes_started", 0) + 1
         self.election_due = self._election_deadline()
@@ -478,8 +499,28 @@ class MultiPaxosReplica(ReplicaBase):
             return  # restarted: wait before voting, in any view (as SDPaxos does)
         if m.view > self.view:
             self._adopt_view(m.view)
-        slots = [[j, s.view, s.batch, s.committed] for j, s in sorted(self.log.items()) if j >= m.from_slot]
-        self.send(src, Vote(self.view, self.committed, slots, [], 0, []))
+        elif src == self.leader:
+            self._heard_from_leader()  # its candidacy goes on (asking for our next chunk)
+        self.send(src, self._vote_chunk(m.from_slot))
+
+    def _vote_chunk(self, start: int) -> Vote:
+        """Our report of the slots from ``start``, cut at ``VOTE_BYTES_MAX``: ``c_max`` is
+        ``[start, upto]``, and the report holds every slot we hold in [start, upto)
+        (``upto`` -1: every one from ``start``; the candidate asks again from ``upto``).
+        We are in the candidate's view already, so any part is sent after our promise,
+        and we accept nothing below that view from then on."""
+        log = self.log
+        slots: list = []
+        used = 0
+        upto = -1
+        for j in sorted(j for j in log if j >= start):
+            if slots and (used >= VOTE_BYTES_MAX or len(slots) >= VOTE_SLOTS_MAX):
+                upto = j
+                break
+            s = log[j]
+            slots.append([j, s.view, s.batch, s.committed])
+            used += op_bytes(s.batch) + VOTE_ENTRY_BYTES
+        return Vote(self.view, self.committed, slots, [start, upto], 0, [])
 
     @handles(_handlers, Vote)
     def _on_vote(self, src: int, m: Vote) -> None:
@@ -487,17 +528,45 @@ class MultiPaxosReplica(ReplicaBase):
             if m.view > self.view:
                 self._adopt_view(m.view)
             return
+        if src in self.votes or src == self.id:
+            return  # its report is whole already: a duplicate
+        expected = self._vote_next.get(src, self.vote_base)
+        if m.c_max == []:
+            start, upto = self.vote_base, -1  # one whole report from vote_base (votes built by hand)
+        elif len(m.c_max) == 2 and type(m.c_max[0]) is int and type(m.c_max[1]) is int:
+            start, upto = m.c_max
+        else:
+            return
+        if start != expected or (upto != -1 and upto <= start):
+            return  # an answer to an earlier request (we asked from `expected` since)
         for entry in m.slots:
             if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
                 return
-        self.votes[src] = m
-        if len(self.votes) + 1 >= self.quorum:
-            self._take_office()
+            if entry[0] < start or (upto != -1 and entry[0] >= upto):
+                return  # outside the range it claims to report whole
+        # Safety: a voter counts only once its report covers every slot from vote_base
+        # (the chunks [vote_base, u1), [u1, u2), ..., [uk, end) follow each other, each
+        # sent in our view, so after the voter's promise). Taking office on a part would
+        # let us fill a slot the part left out with a no-op or an older value, though a
+        # quorum may have chosen another there (test_multipaxos_vote_chunks).
+        parts = self._vote_parts.setdefault(src, [])
+        parts.extend(m.slots)
+        if upto == -1:
+            self.votes[src] = self._vote_parts.pop(src)
+            self._vote_next.pop(src, None)
+            if len(self.votes) + 1 >= self.quorum:
+                self._take_office()
+            return
+        self._vote_next[src] = upto
+        self._vote_asked[src] = self.now
+        # The exchange moves on: our election deadline is not up while it does.
+        self.election_due = max(self.election_due, self._election_deadline())
+        self.send(src, VRequest(self.view, upto))
 
     def _take_office(self) -> None:
         base = self.vote_base
         reports = [[(j, s.view, s.batch, s.committed) for j, s in self.log.items()]]
-        reports += [v.slots for v in self.votes.values()]
+        reports += list(self.votes.values())  # whole reports from vote_base (_on_vote)
         best = pick_highest(reports, base)  # slot -> (view, batch, committed)
         end = max(best) + 1 if best else base
         batches = [best[j][1] if j in best else None for j in range(base, end)]  # holes: no-op
@@ -516,7 +585,7 @@ class MultiPaxosReplica(ReplicaBase):
         self.recover_end = end
         self.next_slot = end
         self.prefix = self.committed
-        self.votes = {}
+        self._forget_votes()
         if batches:
             self.persist(["M", self.view, base, batches])
             self._advance_prefix()
