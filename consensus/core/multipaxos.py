@@ -37,12 +37,17 @@ SLOTS_PER_MSG_MAX = 1024
 # A message carrying several slots' batches is cut once their estimated size reaches
 # this (op_bytes; the first slot always goes), so it stays under a peer frame (8 MiB).
 MSG_BYTES_MAX = 4 << 20
-# A vote's report is cut the same way (by bytes, and at VOTE_SLOTS_MAX entries): it
-# carries every slot from the candidate's commit point, values included, and a lagging
-# candidate's came to 9-37 MB under overload, over the frame, never sent, so the
-# election never ended (issue 15). The candidate asks for the rest (``_on_vote``).
-VOTE_BYTES_MAX = MSG_BYTES_MAX
+# A vote's report is cut too (by bytes, as etcd raft's MaxSizePerMsg, and at
+# VOTE_SLOTS_MAX entries): it carries every slot from the candidate's commit point,
+# values included, and a lagging candidate's came to 9-37 MB under overload, over the
+# frame, never sent, so the election never ended (issue 15). The candidate asks for
+# the rest (``_on_vote``).
+VOTE_BYTES_MAX = 1 << 20
 VOTE_SLOTS_MAX = 8192
+# A voter re-asked for a chunk of at least this size (the candidate re-asks every
+# heartbeat) sends it again only after resend_ticks: on a loaded machine one took
+# longer than a heartbeat to arrive, and every re-ask queued another megabyte.
+VOTE_RESEND_BYTES = 64 << 10
 VOTE_ENTRY_BYTES = 24  # an entry's slot, view and flag (msgpack), beside its batch
 
 
@@ -96,6 +101,9 @@ class MultiPaxosReplica(ReplicaBase):
         self._vote_next: dict[int, int] = {}
         self._vote_asked = [0] * self.n
         self.vote_base = 0
+        # Voter: the last big chunk we sent (view, start, tick), and the last's size.
+        self._chunk_sent = (-1, -1, 0)
+        self._chunk_bytes = 0
         self.recover_end = 0
         self.log: dict[int, MSlot] = {}
         self.prefix = 0  # slots below accepted in this view or committed
@@ -112,6 +120,10 @@ class MultiPaxosReplica(ReplicaBase):
         self._queue: list[list] = []  # leader: commands waiting for a slot
         self._queued: dict[tuple, None] = {}  # their (client, seq), to drop resends
         self._fwd_log: list[tuple[int, list]] = []  # (tick sent, cmds) for resends
+        # Follower: the leader of our view is known to serve (else our commands wait in
+        # _pending and _handover, the ones we had before the view changed).
+        self._serving = True
+        self._handover: list[list] = []
         if records:
             self._replay(records)
 
@@ -148,12 +160,9 @@ class MultiPaxosReplica(ReplicaBase):
             for client, seq, _op in self._pending:
                 self._mine[(client, seq)] = None
             if self.id != self.leader:
-                if self.phase != "normal":
+                if self.phase != "normal" or not self._serving:
                     return
-                while self._pending:  # bounded by bytes only: the leader batches by count
-                    cmds = take_batch(self._pending, len(self._pending), self.cfg.batch_bytes_max)
-                    self.send(self.leader, Forward(self.view, cmds))
-                self._fwd_log.append((self.now, cmds))
+                self._forward(self.view, self._pending)  # bounded by bytes only: the leader batches by count
                 return
             self._queue.extend(self._pending)
             self._pending = []
@@ -166,6 +175,16 @@ class MultiPaxosReplica(ReplicaBase):
             for cmd in batch:
                 queued.pop((cmd[0], cmd[1]), None)
             self._append(batch)
+
+    def _forward(self, view: int, cmds: list) -> None:
+        """Forward ``cmds`` (emptied) to the leader in messages of at most
+        ``batch_bytes_max``, each remembered for its resend. Under overload a follower's
+        resends and its hand-over to a new leader came to 8-9 MB in one Forward, over
+        the peer frame (issue 15)."""
+        while cmds:
+            part = take_batch(cmds, len(cmds), self.cfg.batch_bytes_max)
+            self.send(self.leader, Forward(view, part))
+            self._fwd_log.append((self.now, part))
 
     def _append(self, batch: list) -> None:
         j = self.next_slot
@@ -180,17 +199,17 @@ class MultiPaxosReplica(ReplicaBase):
         batches = self._new
         self._new = []
         start = self.next_slot - len(batches)
-        self.persist(["M", self.view, start, batches])
-        self._advance_prefix()
         peers = self.live_peers()
         targets = peers[: self.quorum - 1] if self.cfg.thrifty else peers
         lo = 0
         while lo < len(batches):
             k = cut_by_bytes(batches[lo:], len(batches) - lo)
+            self.persist(["M", self.view, start + lo, batches[lo : lo + k]])  # a record per accept
             msg = MAccept(self.view, start + lo, batches[lo : lo + k])
             for dst in targets:
                 self.send(dst, msg)
             lo += k
+        self._advance_prefix()
         for dst in targets:
             self._accept_tick[dst] = self.now
         self._recompute_commit()
@@ -223,6 +242,7 @@ class MultiPaxosReplica(ReplicaBase):
         if not self._view_ok(src, m) or src != self.leader or m.start < 0 or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
         self._heard_from_leader()
+        self._leader_serves()
         fresh = False
         for k, batch in enumerate(m.batches):
             j = m.start + k
@@ -326,6 +346,7 @@ class MultiPaxosReplica(ReplicaBase):
         if not self._view_ok(src, m) or src != self.leader or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
         self._heard_from_leader()
+        self._leader_serves()
         if m.upto <= self.committed:
             if len(m.batches) == SLOTS_PER_MSG_MAX or (m.batches and op_bytes(m.batches) >= MSG_BYTES_MAX):
                 # The leader resends slots we hold, cut at SLOTS_PER_MSG_MAX or by bytes (its
@@ -400,7 +421,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         if now >= self.election_due and now >= self.gate.no_vote_until:
             self._start_election()
-        elif self._fwd_log and now - self._fwd_log[0][0] >= resend:
+        elif self._fwd_log and now - self._fwd_log[0][0] >= resend and self._serving:
             # Forwarded commands not seen committed within the timeout: forward again.
             mine = self._mine
             sessions = self.executor.sessions
@@ -420,8 +441,7 @@ class MultiPaxosReplica(ReplicaBase):
                     else:
                         again.append(cmd)
             if again:
-                self.send(self.leader, Forward(self.view, again))
-                self._fwd_log.append((now, again))
+                self._forward(self.view, again)
 
     # --- views and elections --------------------------------------------------------
 
@@ -442,16 +462,31 @@ class MultiPaxosReplica(ReplicaBase):
             pending += [cmd for cmd in self._queue if (cmd[0], cmd[1]) in self._mine]
             # ... and those we had put in slots as leader that never committed: the new
             # leader's log may not keep them.
-            for j in sorted(self.log):
+            for j in sorted(j for j in self.log if j >= self.committed):
                 slot = self.log[j]
-                if j >= self.committed and not slot.committed and slot.batch:
+                if not slot.committed and slot.batch:
                     pending += [cmd for cmd in slot.batch if (cmd[0], cmd[1]) in self._mine]
             self._queue = []
             self._queued = {}
             self._fwd_log = []
-            if pending:
-                self.send(self.leader, Forward(view, pending))
-                self._fwd_log.append((self.now, pending))
+            # They go once the new leader serves (_leader_serves): handed to every
+            # candidate at once, under overload with views churning, a follower's
+            # thousands of pending commands (megabytes) went out again with each new
+            # view, filled the send queues and pushed the pings out (issue 15).
+            handover = {(cmd[0], cmd[1]): cmd for cmd in self._handover}
+            for cmd in pending:
+                handover.setdefault((cmd[0], cmd[1]), cmd)
+            self._handover = list(handover.values())
+            self._serving = False
+
+    def _leader_serves(self) -> None:
+        """The leader of our view sent what only a serving leader sends (a ping of its
+        clock, accepts, commits): hand it our pending commands."""
+        if not self._serving:
+            self._serving = True
+            if self._handover:
+                handover, self._handover = self._handover, []
+                self._forward(self.view, handover)
 
     def _forget_votes(self) -> None:
         self.votes = {}
@@ -487,6 +522,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         if src == self.leader and m.tick >= 0:
             self._heard_from_leader()
+            self._leader_serves()
 
     @handles(_handlers, VRequest)
     def _on_vrequest(self, src: int, m: VRequest) -> None:
@@ -501,7 +537,12 @@ class MultiPaxosReplica(ReplicaBase):
             self._adopt_view(m.view)
         elif src == self.leader:
             self._heard_from_leader()  # its candidacy goes on (asking for our next chunk)
-        self.send(src, self._vote_chunk(m.from_slot))
+        last = self._chunk_sent
+        if last[0] == self.view and last[1] == m.from_slot and self.now - last[2] < self.cfg.resend_ticks:
+            return  # that big chunk is on its way
+        vote = self._vote_chunk(m.from_slot)
+        self._chunk_sent = (self.view, m.from_slot, self.now) if self._chunk_bytes >= VOTE_RESEND_BYTES else (-1, -1, 0)
+        self.send(src, vote)
 
     def _vote_chunk(self, start: int) -> Vote:
         """Our report of the slots from ``start``, cut at ``VOTE_BYTES_MAX``: ``c_max`` is
@@ -520,6 +561,7 @@ class MultiPaxosReplica(ReplicaBase):
             s = log[j]
             slots.append([j, s.view, s.batch, s.committed])
             used += op_bytes(s.batch) + VOTE_ENTRY_BYTES
+        self._chunk_bytes = used
         return Vote(self.view, self.committed, slots, [start, upto], 0, [])
 
     @handles(_handlers, Vote)
@@ -579,7 +621,9 @@ class MultiPaxosReplica(ReplicaBase):
         self.stats["elections"] = self.stats.get("elections", 0) + 1
         # Commands we forwarded to the old leader and never saw committed are ours now.
         again = [cmd for _, cmds in self._fwd_log for cmd in cmds if (cmd[0], cmd[1]) in self._mine]
+        again += [cmd for cmd in self._handover if (cmd[0], cmd[1]) in self._mine]
         self._fwd_log = []
+        self._handover = []
         self._queue = again + self._queue
         self.phase = "recovering"
         self.recover_end = end
@@ -587,13 +631,16 @@ class MultiPaxosReplica(ReplicaBase):
         self.prefix = self.committed
         self._forget_votes()
         if batches:
-            self.persist(["M", self.view, base, batches])
-            self._advance_prefix()
+            # One record and one accept per MSG_BYTES_MAX: a lagging candidate re-proposes
+            # every slot from its commit point, and in one record that came to 17 MB under
+            # overload, over the WAL's segment_bytes_max (16 MiB): the new leader exited.
             lo = 0
             while lo < len(batches):
                 k = cut_by_bytes(batches[lo:])
+                self.persist(["M", self.view, base + lo, batches[lo : lo + k]])
                 self.broadcast(MAccept(self.view, base + lo, batches[lo : lo + k]))
                 lo += k
+            self._advance_prefix()
             self._accept_tick = [self.now] * self.n
         else:
             self._advance_prefix()
