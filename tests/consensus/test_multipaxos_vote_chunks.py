@@ -55,10 +55,13 @@ class Net:
         self.down: set = set()
         self.drop = lambda src, dst, m: False
         self.oversized: list = []
+        self.record_max = [0] * len(reps)  # the biggest WAL record each wrote
         self.executed: dict[int, dict[int, list]] = {i: {} for i in range(len(reps))}
 
     def flush(self, i: int) -> None:
         rd = self.r[i].ready(sync=True)
+        for rec in rd.persist:
+            self.record_max[i] = max(self.record_max[i], len(msgpack.packb(rec, use_bin_type=True)))
         for ex in rd.executed:
             self.executed[i][ex.slot] = ex.cmds
         for dst, msgs in list(rd.messages) + list(rd.urgent):
@@ -104,17 +107,19 @@ def _batches(tag: str, count: int, value_bytes: int) -> list:
 
 
 def test_a_lagging_candidate_gets_votes_under_a_frame():
-    """R1 holds 24 slots of 512 KiB each (12 MiB) that R2 never saw; R2 stands from
-    slot 0. Uncut, R1's vote is one 12 MiB message that never leaves (the runtime
-    logs "exceeds a frame: not sent") and R2 waits for it forever."""
+    """R1 holds 40 slots of 512 KiB each (20 MiB) that R2 never saw; R2 stands from
+    slot 0. Uncut, R1's vote is one 20 MiB message that never leaves (the runtime
+    logs "exceeds a frame: not sent") and R2 waits for it forever. Elected, R2
+    re-proposes all 20 MiB: in one WAL record that was over the runtime's
+    segment_bytes_max (16 MiB), and the new leader exited."""
     r0, r1, r2 = reps = _cluster(initial_sequencer=0, heartbeat_ticks=2, election_ticks=10, resend_ticks=4)
     net = Net(reps)
     view0 = r0.view
-    big = _batches("x", 24, 512 << 10)
-    for k in range(0, 24, 4):
+    big = _batches("x", 40, 512 << 10)
+    for k in range(0, 40, 4):
         r1.step(0, [MAccept(view0, k, big[k : k + 4])])
     r1.ready(sync=True)
-    assert len(r1.log) == 24
+    assert len(r1.log) == 40
     net.down = {0}
     for r in (r1, r2):
         r.election_due = NEVER
@@ -122,12 +127,15 @@ def test_a_lagging_candidate_gets_votes_under_a_frame():
         net.tick()  # past the restart wait (a heartbeat) before anyone votes
     r2._start_election()
     net.flush(2)
-    took = net.run_until(lambda: r2.phase != "candidate", 100)
+    took = net.run_until(lambda: r2.phase != "candidate", 200)
     if net.oversized or not took:
         raise RuleBroken(
             f"R2's election did not end (phase {r2.phase}): messages over a frame, not sent: {net.oversized[:3]}"
         )
-    assert [r2.log[j].batch for j in range(24)] == big, "the new leader holds every slot R1 reported"
+    assert [r2.log[j].batch for j in range(40)] == big, "the new leader holds every slot R1 reported"
+    if net.record_max[2] > MAX_FRAME_BYTES:
+        raise RuleBroken(f"R2 wrote a record of {net.record_max[2]} bytes when it took office")
+    assert net.run_until(lambda: r1.committed >= 40 and r2.committed >= 40, 200)
 
 
 # --- rules 2 and 3: a partial report is not a vote ------------------------------------------
@@ -289,3 +297,79 @@ def test_simulated_lagging_candidate_is_elected_and_the_cluster_goes_on():
     assert r2.executor.snapshot() == r1.executor.snapshot() or r1.exec_slot != r2.exec_slot
     check = sim.check()
     assert check["agreement"] and check["consistent"] and check["lost_acked"] == 0, check
+
+
+# --- what else the overload sent over a frame, and re-sent ---------------------------------------
+
+
+def test_a_big_chunk_is_not_rebuilt_on_every_re_ask():
+    """The candidate re-asks every heartbeat; on a loaded machine a megabyte chunk took
+    longer than that to arrive, and each re-ask queued another (the send queue then
+    dropped frames, pings among them). A voter sends the same big chunk again only
+    after resend_ticks; a small vote goes again at once, as before."""
+    r0, r1, r2 = _cluster(initial_sequencer=0, heartbeat_ticks=2, election_ticks=10, resend_ticks=8)
+    r1.step(0, [MAccept(r0.view, 0, _batches("x", 6, 512 << 10))])
+    r1.ready(sync=True)
+    for r in (r1, r2):
+        for _ in range(3):
+            r.tick()
+    r2._start_election()
+    r2.ready(sync=True)
+    view = r2.view
+
+    def votes_for(start: int) -> int:
+        r1.step(2, [VRequest(view, start)])
+        return sum(isinstance(m, Vote) for _, msgs in r1.ready(sync=True).messages for m in msgs)
+
+    sent = [votes_for(0)]
+    for _ in range(3):
+        r1.tick()
+        sent.append(votes_for(0))
+    if sent != [1, 0, 0, 0]:
+        raise RuleBroken(f"R1 rebuilt its first 1 MiB chunk on re-asks within resend_ticks: votes sent {sent}")
+    for _ in range(8):
+        r1.tick()
+    assert votes_for(0) == 1, "after resend_ticks the chunk goes again (it may have been lost)"
+    # A small report (from slot 6 on: nothing) goes at every ask.
+    assert [votes_for(6), votes_for(6)] == [1, 1]
+
+
+def test_a_follower_hands_its_pending_commands_to_a_new_leader_once_it_serves_in_pieces_under_a_frame():
+    """R1 took 9,000 commands of 1 KiB from its clients and forwarded them to R0, which
+    never committed them. R2 stands: R1 joins its view and, once R2 serves, hands every
+    one of them to it. In one Forward that was 9.4 MB, over the frame ("exceeds a frame:
+    not sent", then again on every resend); and handed to every candidate at once, with
+    views churning under overload, they went out again with each new view, filled the
+    send queues and pushed the pings out."""
+    r0, r1, r2 = _cluster(initial_sequencer=0, heartbeat_ticks=2, election_ticks=10, resend_ticks=8)
+    for k in range(9000):
+        r1.propose("c1", k + 1, ["put", f"k{k % 100}", "v" * 1024])
+    first = [m for _, msgs in r1.ready(sync=True).messages for m in msgs]
+    assert sum(len(m.cmds) for m in first) == 9000
+    for _ in range(3):
+        r1.tick()
+        r2.tick()
+    r1.ready(sync=True)
+    r2._start_election()
+    r2.ready(sync=True)
+
+    def forwards() -> list:
+        return [m for dst, msgs in r1.ready(sync=True).messages for m in msgs if dst == 2 and type(m).__name__ == "Forward"]
+
+    r1.step(2, [VRequest(r2.view, 0)])
+    early = forwards()
+    for _ in range(3 * 8):  # resend periods go by while R2 is a candidate
+        r1.election_due = NEVER  # (R1 does not stand meanwhile)
+        r1.tick()
+        early += forwards()
+    if early:
+        raise RuleBroken(f"R1 handed {sum(len(m.cmds) for m in early)} commands to R2 while R2 was only a candidate")
+    r2.step(1, [Vote(r2.view, 0, [], [0, -1], 0, [])])
+    assert r2.phase in ("recovering", "normal")
+    pings = [m for dst, msgs in r2.ready(sync=True).messages for m in msgs if dst == 1 and type(m).__name__ == "Ping"]
+    r1.step(2, pings)
+    fwd = forwards()
+    big = [_size(m) for m in fwd if _size(m) > MAX_FRAME_BYTES - 64]
+    if big:
+        raise RuleBroken(f"R1 handed its pending commands to R2 in Forwards over a frame: {big} bytes")
+    assert sum(len(m.cmds) for m in fwd) == 9000 and len(fwd) > 1
