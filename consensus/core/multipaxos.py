@@ -389,9 +389,11 @@ class MultiPaxosReplica(ReplicaBase):
                 return
             if self.phase == "candidate":
                 # Ask again every heartbeat each voter whose report is not whole yet,
-                # from where its chunks got to.
+                # from where its chunks got to; one whose report is whole, from its end
+                # (it answers with nothing new, and waits for us meanwhile: with only
+                # the others asked, it stood while their chunks still came in).
                 for dst in range(self.n):
-                    if dst != self.id and dst not in self.votes and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+                    if dst != self.id and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
                         self._vote_asked[dst] = now
                         self.send(dst, VRequest(self.view, self._vote_next.get(dst, self.vote_base)))
                 if now >= self.election_due:
@@ -594,8 +596,9 @@ class MultiPaxosReplica(ReplicaBase):
         parts = self._vote_parts.setdefault(src, [])
         parts.extend(m.slots)
         if upto == -1:
-            self.votes[src] = self._vote_parts.pop(src)
-            self._vote_next.pop(src, None)
+            report = self._vote_parts.pop(src)
+            self.votes[src] = report
+            self._vote_next[src] = max(start, report[-1][0] + 1) if report else start
             if len(self.votes) + 1 >= self.quorum:
                 self._take_office()
             return
