@@ -903,11 +903,11 @@ MUTANTS: list[Mutant] = [
         file=MP,
         old="""\
         if upto == -1:
-            self.votes[src] = self._vote_parts.pop(src)
+            report = self._vote_parts.pop(src)
 """,
         new="""\
         if True:
-            self.votes[src] = self._vote_parts.pop(src)
+            report = self._vote_parts.pop(src)
 """,
         rule="Paxos phase 1 (Multi-Paxos, issue 15): a voter counts only once its report is whole from vote_base",
         description="the candidate takes office on a voter's first chunk: slots past it keep the candidate's older values or no-ops",
@@ -1003,6 +1003,18 @@ MUTANTS: list[Mutant] = [
 """,
         rule="liveness (Multi-Paxos, issue 15): a new leader writes its re-proposal in records of at most MSG_BYTES_MAX",
         description="a lagging candidate that wins writes every slot from its commit point in one record: over the WAL segment, it exits",
+    ),
+    Mutant(
+        name="mp-whole-voter-not-asked",
+        file=MP,
+        old="""\
+                    if dst != self.id and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+""",
+        new="""\
+                    if dst != self.id and dst not in self.votes and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+""",
+        rule="liveness (Multi-Paxos, issue 15): a voter whose report is whole is still asked, so it waits for the others' chunks",
+        description="N=5: a voter done early stands after an election timeout while another's chunks still come in, for ever",
     ),
 ]
 

@@ -373,3 +373,29 @@ def test_a_follower_hands_its_pending_commands_to_a_new_leader_once_it_serves_in
     if big:
         raise RuleBroken(f"R1 handed its pending commands to R2 in Forwards over a frame: {big} bytes")
     assert sum(len(m.cmds) for m in fwd) == 9000 and len(fwd) > 1
+
+
+def test_n5_a_voter_whose_report_is_whole_waits_while_the_others_chunks_come_in(monkeypatch):
+    """N = 5, R3 and R4 down. R0 stands: R1's report is whole at once (it holds
+    nothing), R2's comes one slot per chunk, three ticks each way (240 ticks). Asked no
+    more once its report was whole, R1 stood after an election timeout, R0 gave up,
+    and so on for ever (swarm seeds 700469, 700697, 700793 with one-slot chunks)."""
+    monkeypatch.setattr(multipaxos, "VOTE_BYTES_MAX", 1)
+    reps = _cluster(n=5, initial_sequencer=3, heartbeat_ticks=2, election_ticks=10, resend_ticks=4, batch_max=1)
+    r0, r1, r2 = reps[:3]
+    net = Net(reps, delay=3)
+    r2.step(3, [MAccept(r2.view, 0, _batches("x", 40, 10))])
+    r2.ready(sync=True)
+    net.down = {3, 4}
+    for _ in range(3):
+        net.tick()
+    r0._start_election()
+    net.flush(0)
+    view = r0.view
+    took = net.run_until(lambda: r0.phase != "candidate" or r0.view != view or r1.view > view, 400)
+    if not (took and r0.view == view and r1.view == view and r0.phase != "candidate"):
+        raise RuleBroken(
+            f"the vote exchange did not complete: R0 view {r0.view} (stood at {view}) phase {r0.phase}, "
+            f"R1 view {r1.view} (stood {r1.stats.get('view_changes_started', 0)} times), R2's report up to {r0._vote_next.get(2)}"
+        )
+    assert [r0.log[j].batch for j in range(40)] == _batches("x", 40, 10)
