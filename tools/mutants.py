@@ -886,6 +886,136 @@ MUTANTS: list[Mutant] = [
         rule="catching up, the next missing instance is fetched at once (a pipeline)",
         description="after a fetch is answered the next block waits resend_ticks/2: a replica thousands of slots behind never catches up",
     ),
+    Mutant(
+        name="mp-vote-uncapped",
+        file=MP,
+        old="""\
+            if slots and (used >= VOTE_BYTES_MAX or len(slots) >= VOTE_SLOTS_MAX):
+""",
+        new="""\
+            if False:
+""",
+        rule="issue 15 (Multi-Paxos): a vote carries at most VOTE_BYTES_MAX of the voter's slots, under a peer frame",
+        description="a vote carries every slot from the candidate's commit point: a lagging candidate's is over the frame, never sent",
+    ),
+    Mutant(
+        name="mp-vote-part-counts",
+        file=MP,
+        old="""\
+        if upto == -1:
+            report = self._vote_parts.pop(src)
+""",
+        new="""\
+        if True:
+            report = self._vote_parts.pop(src)
+""",
+        rule="Paxos phase 1 (Multi-Paxos, issue 15): a voter counts only once its report is whole from vote_base",
+        description="the candidate takes office on a voter's first chunk: slots past it keep the candidate's older values or no-ops",
+    ),
+    Mutant(
+        name="mp-vote-chunk-skips-a-slot",
+        file=MP,
+        old="""\
+                upto = j
+                break
+""",
+        new="""\
+                upto = j + 1
+                break
+""",
+        rule="Paxos phase 1 (Multi-Paxos, issue 15): a chunk [start, upto) reports every slot the voter holds below upto",
+        description="the voter claims the slot it cut at: the candidate asks from the one after and never learns it",
+    ),
+    Mutant(
+        name="mp-vote-deadline-fixed",
+        file=MP,
+        old="""\
+        self.election_due = max(self.election_due, self._election_deadline())
+        self.send(src, VRequest(self.view, upto))
+""",
+        new="""\
+        self.send(src, VRequest(self.view, upto))
+""",
+        rule="liveness (Multi-Paxos, issue 15): the candidate's election deadline moves on with its vote exchange",
+        description="a candidate whose vote exchange outlasts an election timeout stands again and starts over, for ever",
+    ),
+    Mutant(
+        name="mp-voter-stands-meanwhile",
+        file=MP,
+        old="""\
+        elif src == self.leader:
+            self._heard_from_leader()  # its candidacy goes on (asking for our next chunk)
+""",
+        new="""\
+""",
+        rule="liveness (Multi-Paxos, issue 15): a voter asked again by its view's candidate waits for it",
+        description="a voter stands for a view of its own in the middle of a long vote exchange, and the candidate starts over",
+    ),
+
+    Mutant(
+        name="mp-vote-chunk-resent-every-ask",
+        file=MP,
+        old="""\
+            return  # that big chunk is on its way
+""",
+        new="""\
+            pass
+""",
+        rule="liveness (Multi-Paxos, issue 15): a voter re-asked within resend_ticks does not rebuild a big chunk",
+        description="every heartbeat re-ask queues another megabyte chunk to the candidate (send queues overflow, pings dropped)",
+    ),
+    Mutant(
+        name="mp-forward-uncut",
+        file=MP,
+        old="""\
+            part = take_batch(cmds, len(cmds), self.cfg.batch_bytes_max)
+""",
+        new="""\
+            part = cmds[:]
+            del cmds[:]
+""",
+        rule="liveness (Multi-Paxos, issue 15): a Forward carries at most batch_bytes_max, under a peer frame",
+        description="a follower hands its pending commands to a new leader in one Forward: 9 MB under overload, never sent",
+    ),
+    Mutant(
+        name="mp-handover-to-candidate",
+        file=MP,
+        old="""\
+            self._handover = list(handover.values())
+            self._serving = False
+""",
+        new="""\
+            self._handover = []
+            self._forward(view, list(handover.values()))
+""",
+        rule="liveness (Multi-Paxos, issue 15): a follower hands its pending commands to a new leader once it serves",
+        description="every view change hands the pending commands to the candidate at once: megabytes per view under churn",
+    ),
+    Mutant(
+        name="mp-take-office-one-record",
+        file=MP,
+        old="""\
+                self.persist(["M", self.view, base + lo, batches[lo : lo + k]])
+""",
+        new="""\
+                if lo == 0:
+                    self.persist(["M", self.view, base, batches])
+""",
+        rule="liveness (Multi-Paxos, issue 15): a new leader writes its re-proposal in records of at most MSG_BYTES_MAX",
+        description="a lagging candidate that wins writes every slot from its commit point in one record: over the WAL segment, it exits",
+    ),
+    Mutant(
+        name="mp-whole-voter-not-asked",
+        file=MP,
+        old="""\
+                    if dst != self.id and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+""",
+        new="""\
+                    if dst != self.id and dst not in self.votes and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+""",
+        rule="liveness (Multi-Paxos, issue 15): a voter whose report is whole is still asked, so it waits for the others' chunks",
+        description="N=5: a voter done early stands after an election timeout while another's chunks still come in, for ever",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -277,6 +277,11 @@ class Vote(Message):
     ``slots``: SDPaxos ``[[slot, leader, view_accepted, committed], ...]``;
     Multi-Paxos ``[[slot, view_accepted, batch, committed], ...]``.
     ``c_max``: per command leader, the highest C-instance accepted here (-1: none).
+    Multi-Paxos: ``[start, upto]``, the range this vote reports whole: every slot the
+    voter holds in [start, upto) (``upto`` -1: every one from ``start``). A vote is cut
+    by bytes; the candidate asks again from ``upto`` (``VRequest.from_slot``) and counts
+    the voter once its chunks reach -1 (``[]``, as votes built by hand in tests: one whole
+    report from the candidate's base).
     ``o_view``: the highest view whose sequencer's O-accepts the voter took (SDPaxos,
     Fig. 7: tells the candidate which sequencer may have proposed slots it cannot see).
     ``c_own``: per command leader l, the highest C-instance that l is known here to

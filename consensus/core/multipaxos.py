@@ -3,10 +3,11 @@
 Leader election uses the same view machinery as SDPaxos (views are ballots,
 ``view & 31`` is the leader): a replica that hears no ``Ping`` for
 ``election_ticks`` (randomized) sends ``VRequest`` (phase 1a for every slot from its
-committed prefix); votes carry accepted slots with their views; the winner keeps the
-highest-view batch per slot, fills holes with no-ops, re-proposes the suffix and
-serves once a majority holds it. Forwarders resend their pending commands to the
-new leader.
+committed prefix); votes carry accepted slots with their views, in chunks of at most
+``VOTE_BYTES_MAX`` (the candidate asks each voter for the rest, ``_on_vote``); once a
+majority's reports are whole, the winner keeps the highest-view batch per slot, fills
+holes with no-ops, re-proposes the suffix and serves once a majority holds it.
+Forwarders resend their pending commands to the new leader.
 
 Same interface, batching, thrifty messaging and execution as ``SDPaxosReplica`` so
 the two can be compared on the same work (``replica.py``). Non-leaders ``Forward``
@@ -36,6 +37,18 @@ SLOTS_PER_MSG_MAX = 1024
 # A message carrying several slots' batches is cut once their estimated size reaches
 # this (op_bytes; the first slot always goes), so it stays under a peer frame (8 MiB).
 MSG_BYTES_MAX = 4 << 20
+# A vote's report is cut too (by bytes, as etcd raft's MaxSizePerMsg, and at
+# VOTE_SLOTS_MAX entries): it carries every slot from the candidate's commit point,
+# values included, and a lagging candidate's came to 9-37 MB under overload, over the
+# frame, never sent, so the election never ended (issue 15). The candidate asks for
+# the rest (``_on_vote``).
+VOTE_BYTES_MAX = 1 << 20
+VOTE_SLOTS_MAX = 8192
+# A voter re-asked for a chunk of at least this size (the candidate re-asks every
+# heartbeat) sends it again only after resend_ticks: on a loaded machine one took
+# longer than a heartbeat to arrive, and every re-ask queued another megabyte.
+VOTE_RESEND_BYTES = 64 << 10
+VOTE_ENTRY_BYTES = 24  # an entry's slot, view and flag (msgpack), beside its batch
 
 
 def cut_by_bytes(batches: list, count_max: int = SLOTS_PER_MSG_MAX, bytes_max: int = MSG_BYTES_MAX) -> int:
@@ -80,9 +93,17 @@ class MultiPaxosReplica(ReplicaBase):
         self.gate = ViewGate(node_id, cfg.initial_view, cfg.heartbeat_ticks)
         self.phase = "normal"  # normal | candidate | recovering | stale
         self.election_due = self._election_deadline()
-        self.votes: dict[int, Vote] = {}
+        # Candidate: each voter's whole report (slot entries >= vote_base), and the
+        # parts of the ones still coming in chunks: what we have, the slot we asked
+        # from next, and when we asked.
+        self.votes: dict[int, list] = {}
+        self._vote_parts: dict[int, list] = {}
+        self._vote_next: dict[int, int] = {}
+        self._vote_asked = [0] * self.n
         self.vote_base = 0
-        self._vote_tick = 0
+        # Voter: the last big chunk we sent (view, start, tick), and the last's size.
+        self._chunk_sent = (-1, -1, 0)
+        self._chunk_bytes = 0
         self.recover_end = 0
         self.log: dict[int, MSlot] = {}
         self.prefix = 0  # slots below accepted in this view or committed
@@ -99,6 +120,10 @@ class MultiPaxosReplica(ReplicaBase):
         self._queue: list[list] = []  # leader: commands waiting for a slot
         self._queued: dict[tuple, None] = {}  # their (client, seq), to drop resends
         self._fwd_log: list[tuple[int, list]] = []  # (tick sent, cmds) for resends
+        # Follower: the leader of our view is known to serve (else our commands wait in
+        # _pending and _handover, the ones we had before the view changed).
+        self._serving = True
+        self._handover: list[list] = []
         if records:
             self._replay(records)
 
@@ -135,12 +160,9 @@ class MultiPaxosReplica(ReplicaBase):
             for client, seq, _op in self._pending:
                 self._mine[(client, seq)] = None
             if self.id != self.leader:
-                if self.phase != "normal":
+                if self.phase != "normal" or not self._serving:
                     return
-                while self._pending:  # bounded by bytes only: the leader batches by count
-                    cmds = take_batch(self._pending, len(self._pending), self.cfg.batch_bytes_max)
-                    self.send(self.leader, Forward(self.view, cmds))
-                self._fwd_log.append((self.now, cmds))
+                self._forward(self.view, self._pending)  # bounded by bytes only: the leader batches by count
                 return
             self._queue.extend(self._pending)
             self._pending = []
@@ -153,6 +175,16 @@ class MultiPaxosReplica(ReplicaBase):
             for cmd in batch:
                 queued.pop((cmd[0], cmd[1]), None)
             self._append(batch)
+
+    def _forward(self, view: int, cmds: list) -> None:
+        """Forward ``cmds`` (emptied) to the leader in messages of at most
+        ``batch_bytes_max``, each remembered for its resend. Under overload a follower's
+        resends and its hand-over to a new leader came to 8-9 MB in one Forward, over
+        the peer frame (issue 15)."""
+        while cmds:
+            part = take_batch(cmds, len(cmds), self.cfg.batch_bytes_max)
+            self.send(self.leader, Forward(view, part))
+            self._fwd_log.append((self.now, part))
 
     def _append(self, batch: list) -> None:
         j = self.next_slot
@@ -167,17 +199,17 @@ class MultiPaxosReplica(ReplicaBase):
         batches = self._new
         self._new = []
         start = self.next_slot - len(batches)
-        self.persist(["M", self.view, start, batches])
-        self._advance_prefix()
         peers = self.live_peers()
         targets = peers[: self.quorum - 1] if self.cfg.thrifty else peers
         lo = 0
         while lo < len(batches):
             k = cut_by_bytes(batches[lo:], len(batches) - lo)
+            self.persist(["M", self.view, start + lo, batches[lo : lo + k]])  # a record per accept
             msg = MAccept(self.view, start + lo, batches[lo : lo + k])
             for dst in targets:
                 self.send(dst, msg)
             lo += k
+        self._advance_prefix()
         for dst in targets:
             self._accept_tick[dst] = self.now
         self._recompute_commit()
@@ -210,6 +242,7 @@ class MultiPaxosReplica(ReplicaBase):
         if not self._view_ok(src, m) or src != self.leader or m.start < 0 or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
         self._heard_from_leader()
+        self._leader_serves()
         fresh = False
         for k, batch in enumerate(m.batches):
             j = m.start + k
@@ -313,6 +346,7 @@ class MultiPaxosReplica(ReplicaBase):
         if not self._view_ok(src, m) or src != self.leader or len(m.batches) > SLOTS_PER_MSG_MAX:
             return
         self._heard_from_leader()
+        self._leader_serves()
         if m.upto <= self.committed:
             if len(m.batches) == SLOTS_PER_MSG_MAX or (m.batches and op_bytes(m.batches) >= MSG_BYTES_MAX):
                 # The leader resends slots we hold, cut at SLOTS_PER_MSG_MAX or by bytes (its
@@ -354,9 +388,14 @@ class MultiPaxosReplica(ReplicaBase):
                     self._start_election()
                 return
             if self.phase == "candidate":
-                if now - self._vote_tick >= self.cfg.heartbeat_ticks:
-                    self._vote_tick = now
-                    self.broadcast(VRequest(self.view, self.vote_base))
+                # Ask again every heartbeat each voter whose report is not whole yet,
+                # from where its chunks got to; one whose report is whole, from its end
+                # (it answers with nothing new, and waits for us meanwhile: with only
+                # the others asked, it stood while their chunks still came in).
+                for dst in range(self.n):
+                    if dst != self.id and now - self._vote_asked[dst] >= self.cfg.heartbeat_ticks:
+                        self._vote_asked[dst] = now
+                        self.send(dst, VRequest(self.view, self._vote_next.get(dst, self.vote_base)))
                 if now >= self.election_due:
                     self._start_election()
                 return
@@ -384,7 +423,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         if now >= self.election_due and now >= self.gate.no_vote_until:
             self._start_election()
-        elif self._fwd_log and now - self._fwd_log[0][0] >= resend:
+        elif self._fwd_log and now - self._fwd_log[0][0] >= resend and self._serving:
             # Forwarded commands not seen committed within the timeout: forward again.
             mine = self._mine
             sessions = self.executor.sessions
@@ -404,8 +443,7 @@ class MultiPaxosReplica(ReplicaBase):
                     else:
                         again.append(cmd)
             if again:
-                self.send(self.leader, Forward(self.view, again))
-                self._fwd_log.append((now, again))
+                self._forward(self.view, again)
 
     # --- views and elections --------------------------------------------------------
 
@@ -414,7 +452,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         self.persist(["V", view])
         self.phase = "normal" if self.leader != self.id else "stale"
-        self.votes = {}
+        self._forget_votes()
         self.acked = [0] * self.n
         self.prefix = self.committed
         self._advance_prefix()
@@ -426,16 +464,36 @@ class MultiPaxosReplica(ReplicaBase):
             pending += [cmd for cmd in self._queue if (cmd[0], cmd[1]) in self._mine]
             # ... and those we had put in slots as leader that never committed: the new
             # leader's log may not keep them.
-            for j in sorted(self.log):
+            for j in sorted(j for j in self.log if j >= self.committed):
                 slot = self.log[j]
-                if j >= self.committed and not slot.committed and slot.batch:
+                if not slot.committed and slot.batch:
                     pending += [cmd for cmd in slot.batch if (cmd[0], cmd[1]) in self._mine]
             self._queue = []
             self._queued = {}
             self._fwd_log = []
-            if pending:
-                self.send(self.leader, Forward(view, pending))
-                self._fwd_log.append((self.now, pending))
+            # They go once the new leader serves (_leader_serves): handed to every
+            # candidate at once, under overload with views churning, a follower's
+            # thousands of pending commands (megabytes) went out again with each new
+            # view, filled the send queues and pushed the pings out (issue 15).
+            handover = {(cmd[0], cmd[1]): cmd for cmd in self._handover}
+            for cmd in pending:
+                handover.setdefault((cmd[0], cmd[1]), cmd)
+            self._handover = list(handover.values())
+            self._serving = False
+
+    def _leader_serves(self) -> None:
+        """The leader of our view sent what only a serving leader sends (a ping of its
+        clock, accepts, commits): hand it our pending commands."""
+        if not self._serving:
+            self._serving = True
+            if self._handover:
+                handover, self._handover = self._handover, []
+                self._forward(self.view, handover)
+
+    def _forget_votes(self) -> None:
+        self.votes = {}
+        self._vote_parts = {}
+        self._vote_next = {}
 
     def _heard_from_leader(self) -> None:
         self.election_due = self._election_deadline()
@@ -448,9 +506,9 @@ class MultiPaxosReplica(ReplicaBase):
         self.gate.stand()
         self.phase = "candidate"
         self.persist(["V", self.view])
-        self.votes = {}
+        self._forget_votes()
         self.vote_base = self.committed
-        self._vote_tick = self.now
+        self._vote_asked = [self.now] * self.n
         self.acked = [0] * self.n
         self.stats["view_changes_started"] = self.stats.get("view_changes_started", 0) + 1
         self.election_due = self._election_deadline()
@@ -466,6 +524,7 @@ class MultiPaxosReplica(ReplicaBase):
             return
         if src == self.leader and m.tick >= 0:
             self._heard_from_leader()
+            self._leader_serves()
 
     @handles(_handlers, VRequest)
     def _on_vrequest(self, src: int, m: VRequest) -> None:
@@ -478,8 +537,34 @@ class MultiPaxosReplica(ReplicaBase):
             return  # restarted: wait before voting, in any view (as SDPaxos does)
         if m.view > self.view:
             self._adopt_view(m.view)
-        slots = [[j, s.view, s.batch, s.committed] for j, s in sorted(self.log.items()) if j >= m.from_slot]
-        self.send(src, Vote(self.view, self.committed, slots, [], 0, []))
+        elif src == self.leader:
+            self._heard_from_leader()  # its candidacy goes on (asking for our next chunk)
+        last = self._chunk_sent
+        if last[0] == self.view and last[1] == m.from_slot and self.now - last[2] < self.cfg.resend_ticks:
+            return  # that big chunk is on its way
+        vote = self._vote_chunk(m.from_slot)
+        self._chunk_sent = (self.view, m.from_slot, self.now) if self._chunk_bytes >= VOTE_RESEND_BYTES else (-1, -1, 0)
+        self.send(src, vote)
+
+    def _vote_chunk(self, start: int) -> Vote:
+        """Our report of the slots from ``start``, cut at ``VOTE_BYTES_MAX``: ``c_max`` is
+        ``[start, upto]``, and the report holds every slot we hold in [start, upto)
+        (``upto`` -1: every one from ``start``; the candidate asks again from ``upto``).
+        We are in the candidate's view already, so any part is sent after our promise,
+        and we accept nothing below that view from then on."""
+        log = self.log
+        slots: list = []
+        used = 0
+        upto = -1
+        for j in sorted(j for j in log if j >= start):
+            if slots and (used >= VOTE_BYTES_MAX or len(slots) >= VOTE_SLOTS_MAX):
+                upto = j
+                break
+            s = log[j]
+            slots.append([j, s.view, s.batch, s.committed])
+            used += op_bytes(s.batch) + VOTE_ENTRY_BYTES
+        self._chunk_bytes = used
+        return Vote(self.view, self.committed, slots, [start, upto], 0, [])
 
     @handles(_handlers, Vote)
     def _on_vote(self, src: int, m: Vote) -> None:
@@ -487,17 +572,46 @@ class MultiPaxosReplica(ReplicaBase):
             if m.view > self.view:
                 self._adopt_view(m.view)
             return
+        if src in self.votes or src == self.id:
+            return  # its report is whole already: a duplicate
+        expected = self._vote_next.get(src, self.vote_base)
+        if m.c_max == []:
+            start, upto = self.vote_base, -1  # one whole report from vote_base (votes built by hand)
+        elif len(m.c_max) == 2 and type(m.c_max[0]) is int and type(m.c_max[1]) is int:
+            start, upto = m.c_max
+        else:
+            return
+        if start != expected or (upto != -1 and upto <= start):
+            return  # an answer to an earlier request (we asked from `expected` since)
         for entry in m.slots:
             if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
                 return
-        self.votes[src] = m
-        if len(self.votes) + 1 >= self.quorum:
-            self._take_office()
+            if entry[0] < start or (upto != -1 and entry[0] >= upto):
+                return  # outside the range it claims to report whole
+        # Safety: a voter counts only once its report covers every slot from vote_base
+        # (the chunks [vote_base, u1), [u1, u2), ..., [uk, end) follow each other, each
+        # sent in our view, so after the voter's promise). Taking office on a part would
+        # let us fill a slot the part left out with a no-op or an older value, though a
+        # quorum may have chosen another there (test_multipaxos_vote_chunks).
+        parts = self._vote_parts.setdefault(src, [])
+        parts.extend(m.slots)
+        if upto == -1:
+            report = self._vote_parts.pop(src)
+            self.votes[src] = report
+            self._vote_next[src] = max(start, report[-1][0] + 1) if report else start
+            if len(self.votes) + 1 >= self.quorum:
+                self._take_office()
+            return
+        self._vote_next[src] = upto
+        self._vote_asked[src] = self.now
+        # The exchange moves on: our election deadline is not up while it does.
+        self.election_due = max(self.election_due, self._election_deadline())
+        self.send(src, VRequest(self.view, upto))
 
     def _take_office(self) -> None:
         base = self.vote_base
         reports = [[(j, s.view, s.batch, s.committed) for j, s in self.log.items()]]
-        reports += [v.slots for v in self.votes.values()]
+        reports += list(self.votes.values())  # whole reports from vote_base (_on_vote)
         best = pick_highest(reports, base)  # slot -> (view, batch, committed)
         end = max(best) + 1 if best else base
         batches = [best[j][1] if j in best else None for j in range(base, end)]  # holes: no-op
@@ -510,21 +624,26 @@ class MultiPaxosReplica(ReplicaBase):
         self.stats["elections"] = self.stats.get("elections", 0) + 1
         # Commands we forwarded to the old leader and never saw committed are ours now.
         again = [cmd for _, cmds in self._fwd_log for cmd in cmds if (cmd[0], cmd[1]) in self._mine]
+        again += [cmd for cmd in self._handover if (cmd[0], cmd[1]) in self._mine]
         self._fwd_log = []
+        self._handover = []
         self._queue = again + self._queue
         self.phase = "recovering"
         self.recover_end = end
         self.next_slot = end
         self.prefix = self.committed
-        self.votes = {}
+        self._forget_votes()
         if batches:
-            self.persist(["M", self.view, base, batches])
-            self._advance_prefix()
+            # One record and one accept per MSG_BYTES_MAX: a lagging candidate re-proposes
+            # every slot from its commit point, and in one record that came to 17 MB under
+            # overload, over the WAL's segment_bytes_max (16 MiB): the new leader exited.
             lo = 0
             while lo < len(batches):
                 k = cut_by_bytes(batches[lo:])
+                self.persist(["M", self.view, base + lo, batches[lo : lo + k]])
                 self.broadcast(MAccept(self.view, base + lo, batches[lo : lo + k]))
                 lo += k
+            self._advance_prefix()
             self._accept_tick = [self.now] * self.n
         else:
             self._advance_prefix()
