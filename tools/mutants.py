@@ -72,7 +72,7 @@ MUTANTS: list[Mutant] = [
         name="bug2b-no-nocl-slot",
         file=SDP,
         old="""\
-            if end == base:
+            if end == base and term < 0:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
                 # once a majority took it, so that every later majority holds a
                 # voter that knows this view served (its o_view, for Fig. 7).
@@ -885,6 +885,93 @@ MUTANTS: list[Mutant] = [
 """,
         rule="catching up, the next missing instance is fetched at once (a pipeline)",
         description="after a fetch is answered the next block waits resend_ticks/2: a replica thousands of slots behind never catches up",
+    ),
+    Mutant(
+        name="end-assign-while-closing",
+        file=SDP,
+        old="""\
+        if self.end_slot >= 0 or self.executor.reconfig is not None:
+            # S1 (docs/membership.md): this epoch is closing; what is not ordered yet
+            # never is in this epoch (its commands were never ready: unfinished()).
+            return
+""",
+        new="",
+        rule="S1 (docs/membership.md): a closing sequencer orders nothing new; nothing after END is chosen",
+        description="_assign goes on ordering C-instances after the reconfiguration, also after END: "
+        "commands ordered (and acknowledged) past END are never executed",
+    ),
+    Mutant(
+        name="end-lease-read-while-closing",
+        file=SDP,
+        old="""\
+        if (self.phase != "normal" or self.now >= self.lease_expiry or self.end_slot >= 0
+                or self.executor.reconfig is not None):""",
+        new="""\
+        if self.phase != "normal" or self.now >= self.lease_expiry:""",
+        rule="S2 (docs/membership.md): a closing sequencer hands out no lease read",
+        description="a closing sequencer serves lease reads, which can miss the next epoch's writes",
+    ),
+    Mutant(
+        name="end-never-terminal",
+        file=SDP,
+        old="""\
+            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):
+                return j
+            if committed:""",
+        new="""\
+            if committed:""",
+        rule="V (docs/membership.md): a view change keeps an END that may be chosen",
+        description="a new sequencer replaces every END it recovers by a no-op: a chosen END is lost, "
+        "replicas end the epoch at different slots",
+    ),
+    Mutant(
+        name="end-always-terminal",
+        file=SDP,
+        old="""\
+            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):
+                return j""",
+        new="""\
+            if True:
+                return j""",
+        rule="V (docs/membership.md): an END older than the last serving view, or than a value after it, was not chosen",
+        description="a new sequencer keeps any END it recovers and drops the slots after it, "
+        "even ones a later view made chosen",
+    ),
+    Mutant(
+        name="end-ignores-last-view",
+        file=SDP,
+        old="""\
+            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):""",
+        new="""\
+            if all(best[k][0] <= v_end for k in best if k > j):""",
+        rule="V (docs/membership.md): an END older than the last serving view was not chosen",
+        description="a stale END is kept when a later view served but no voter reports its slots after it "
+        "(N = 5: the slots a later view made ready may be unseen)",
+    ),
+    Mutant(
+        name="end-no-truncate",
+        file=SDP,
+        old="""\
+            for j in [j for j in log if j > term]:
+                del log[j]  # nothing after a chosen END is chosen (Fig. 7 fills included)
+""",
+        new="",
+        rule="V (docs/membership.md): a kept END ends the recovered log",
+        description="a new sequencer re-proposes values after a kept END (stale reports, Fig. 7 fills): "
+        "they are chosen past END",
+    ),
+    Mutant(
+        name="end-candidate-forgets-own-end",
+        file=SDP,
+        old="""\
+        term = self._end_below(base)
+        if term < 0:
+            term = self._judge_end(best, log, last_view)""",
+        new="""\
+        term = self._judge_end(best, log, last_view)""",
+        rule="V (docs/membership.md): a candidate that knows END chosen (executed, or committed below its vote base) keeps it",
+        description="a candidate with END in its committed prefix (which no vote reports) serves after it: "
+        "a second END, or, not closing yet, new commands ordered and acknowledged past END",
     ),
 ]
 

@@ -195,7 +195,8 @@ def _print_table(result: dict) -> None:
 @click.option("--replay", type=int, default=None, help="Judge only this seed and print its config.")
 @click.option("--save", is_flag=True, help="Record failures in tests/testdata/fault_regressions.json.")
 @click.option("--stop", is_flag=True, help="Stop at the first failure.")
-def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool) -> None:
+@click.option("--reconfig", is_flag=True, help="Every run also closes its epoch with a membership change (docs/membership.md).")
+def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool, reconfig: bool) -> None:
     """Swarm fault search: each seed draws a cluster, network, disk, workload (puts,
     lease reads, CAS) and fault schedule; the run must be safe, linearizable and live."""
     import time
@@ -203,16 +204,17 @@ def search_command(examples: int, seed: int | None, replay: int | None, save: bo
     from .search import REGRESSIONS, judge, replay_hint, save_regressions, search, swarm_config
 
     if replay is not None:
-        cfg = swarm_config(replay)
+        cfg = swarm_config(replay, reconfig)
         result = judge(cfg)
-        keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed")
+        keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed",
+                "epoch_end", "past_end")
         click.echo(json.dumps({k: result.get(k) for k in keys}))
         click.echo(replay_hint(replay, cfg))
         sys.exit(1 if result["failures"] else 0)
     first = seed if seed is not None else int(time.time())
     click.echo(f"SEED={first} examples={examples}")
     started = time.monotonic()
-    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop)
+    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop, reconfig=reconfig)
     if save and found:
         click.echo(f"saved {save_regressions(found)} new regression case(s) to {REGRESSIONS}")
     click.echo(f"seeds {first}..{first + examples - 1}: {len(found)} failure(s) in {time.monotonic() - started:.0f} s")
