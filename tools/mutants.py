@@ -973,6 +973,14 @@ MUTANTS: list[Mutant] = [
         description="a candidate with END in its committed prefix (which no vote reports) serves after it: "
         "a second END, or, not closing yet, new commands ordered and acknowledged past END",
     ),
+    Mutant(
+        name="end-after-installed-end",
+        file=SDP,
+        old="self.end_slot < 0 and self.ended < 0 and self.phase",
+        new="self.end_slot < 0 and self.phase",
+        rule="X (docs/membership.md): a replica past END (a snapshot after it installed) closes no second time",
+        description="a sequencer that installed a snapshot taken after END proposes another END after it",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -1115,7 +1115,7 @@ class SDPaxosReplica(ReplicaBase):
                 self.unknown_keys_slot = self.next_slot - 1
 
     def _before_ready(self) -> None:
-        if (self.executor.reconfig is not None and self.end_slot < 0 and self.phase == "normal"
+        if (self.executor.reconfig is not None and self.end_slot < 0 and self.ended < 0 and self.phase == "normal"
                 and self.id == self.sequencer and self.majority_prefix >= self.next_slot):
             # S1: every slot we assigned is chosen; close the epoch after them.
             self.end_slot = self.next_slot

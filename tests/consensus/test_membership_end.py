@@ -164,3 +164,22 @@ def test_swarm_runs_with_a_reconfiguration_close_safely(seed):
     result = judge(swarm_config(seed, reconfig=True))
     assert result["failures"] == [], result["failures"]
     assert result.get("epoch_end"), "the epoch did not close"
+
+
+def test_a_sequencer_that_installs_a_snapshot_past_end_places_no_second_end():
+    """X: a snapshot taken after END carries it (meta ``ended``); a sequencer that
+    installs one has ended the epoch, and closes no second time (it would put an END
+    after the chosen one). Mutant ``end-after-installed-end``."""
+    from consensus.core.config import ProtocolConfig
+    from consensus.core.sdpaxos import SDPaxosReplica
+
+    done = Executor(KVStateMachine())
+    done.run([["admin", 1, [RECONFIG, 0, ["a", "b", "c"], "a"]]], [])
+    meta = {"protocol": "sdpaxos", "n": 3, "slot": 5, "exec_inst": [1, 0, 0], "view": 0, "ended": 4}
+    seq = SDPaxosReplica(0, ProtocolConfig(n=3), KVStateMachine())
+    assert seq.id == seq.sequencer and seq.phase == "normal"
+    assert seq.install_snapshot(meta, done.snapshot())
+    rd = seq.ready(sync=True)
+    assert rd.epoch_end == (4, [0, ["a", "b", "c"], "a"])
+    sent = [m for _dst, msgs in rd.messages for m in msgs if type(m).__name__ == "OAccept"]
+    assert not sent and seq.next_slot <= 5 and seq.status()["ended"] == 4
