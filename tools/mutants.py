@@ -952,10 +952,11 @@ MUTANTS: list[Mutant] = [
         name="end-no-truncate",
         file=SDP,
         old="""\
-            for j in [j for j in log if j > term]:
-                del log[j]  # nothing after a chosen END is chosen (Fig. 7 fills included)
+            end = max(base, term + 1)  # nothing after a chosen END is chosen (Fig. 7 fills included)
 """,
-        new="",
+        new="""\
+            pass
+""",
         rule="V (docs/membership.md): a kept END ends the recovered log",
         description="a new sequencer re-proposes values after a kept END (stale reports, Fig. 7 fills): "
         "they are chosen past END",

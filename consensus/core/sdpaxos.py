@@ -1835,9 +1835,7 @@ class SDPaxosReplica(ReplicaBase):
                 log[base] = NOCL
                 end = base + 1
         if term >= 0:
-            for j in [j for j in log if j > term]:
-                del log[j]  # nothing after a chosen END is chosen (Fig. 7 fills included)
-            end = max(base, term + 1)
+            end = max(base, term + 1)  # nothing after a chosen END is chosen (Fig. 7 fills included)
         self.end_slot = term
         leaders = [log.get(j, NOCL) for j in range(base, end)]
         # Become the sequencer of this view.
