@@ -22,6 +22,7 @@ MP = "consensus/core/multipaxos.py"
 RULES = "consensus/core/rules.py"
 NEAR = "consensus/core/nearness.py"
 BASE = "consensus/core/replica.py"
+EPOCHS = "consensus/core/epochs.py"
 
 
 @dataclass(frozen=True)
@@ -981,6 +982,55 @@ MUTANTS: list[Mutant] = [
         new="self.end_slot < 0 and self.phase",
         rule="X (docs/membership.md): a replica past END (a snapshot after it installed) closes no second time",
         description="a sequencer that installed a snapshot taken after END proposes another END after it",
+    ),
+    Mutant(
+        name="epoch-drops-unfinished",
+        file=EPOCHS,
+        old="""\
+        for client, seq, op, needs_result in owed:
+            self.inner.propose(client, seq, op, needs_result)
+""",
+        new="""\
+        pass
+""",
+        rule="docs/membership.md part 2: what the old epoch's replica owed is proposed again in the new one",
+        description="commands not ordered before END are dropped at the epoch change: never answered",
+    ),
+    Mutant(
+        name="epoch-base-keeps-reconfig",
+        file="consensus/core/executor.py",
+        old="""\
+        pending, self.reconfig = self.reconfig, None
+""",
+        new="""\
+        pending = self.reconfig
+""",
+        rule="docs/membership.md part 2: the next epoch starts without the old epoch's pending reconfiguration",
+        description="the base carries the pending reconfiguration: the new epoch closes at once (an END of the wrong epoch)",
+    ),
+    Mutant(
+        name="epoch-ignores-newer",
+        file=EPOCHS,
+        old="""\
+            self.want_base = src  # we are behind: the driver fetches src's base
+""",
+        new="""\
+            pass
+""",
+        rule="docs/membership.md part 2: a message of a newer epoch makes its receiver fetch the sender's base",
+        description="a new member, or one that missed END, never learns the epoch it is in",
+    ),
+    Mutant(
+        name="epoch-no-notice",
+        file=EPOCHS,
+        old="""\
+            self._notices.append((src, self.epoch, [EpochNotice(-1, self.epoch)]))
+""",
+        new="""\
+            pass
+""",
+        rule="docs/membership.md part 2: a message of an older epoch is answered with a notice",
+        description="a member that missed END (a removed one restarted in the old epoch) never learns it moved on",
     ),
 ]
 

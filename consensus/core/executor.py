@@ -94,6 +94,15 @@ class Executor:
         self.reconfig = [op[1], list(op[2]), op[3]]
         return {"ok": True, "epoch": self.epoch + 1, "members": list(op[2]), "sequencer": op[3]}
 
+    def base_state(self) -> bytes:
+        """The state the next epoch starts from (docs/membership.md): the snapshot
+        without this epoch's pending reconfiguration."""
+        pending, self.reconfig = self.reconfig, None
+        try:
+            return self.snapshot()
+        finally:
+            self.reconfig = pending
+
     def snapshot(self) -> bytes:
         """The state machine and the sessions, deterministically encoded."""
         sessions = sorted(([k, v[0], v[1]] for k, v in self.sessions.items()), key=lambda e: (str(type(e[0])), e[0]))
