@@ -48,12 +48,12 @@ def check_reconfig(op: Any, epoch: int) -> str | None:
 class Executor:
     __slots__ = ("sm", "sessions", "applied", "epoch", "reconfig")
 
-    def __init__(self, sm: StateMachine, epoch: int = 0) -> None:
+    def __init__(self, sm: StateMachine, epoch: int | None = 0) -> None:
         self.sm = sm
         # client -> [last executed seq, its result]
         self.sessions: dict[Any, list] = {}
         self.applied = 0
-        self.epoch = epoch
+        self.epoch = epoch  # None: the protocol cannot change membership
         # The epoch's pending reconfiguration: [epoch, members, sequencer], or None.
         self.reconfig: list | None = None
 
@@ -86,6 +86,8 @@ class Executor:
             out.append((client, seq, result, True))
 
     def _reconfigure(self, op: list) -> dict:
+        if self.epoch is None:
+            return {"ok": False, "error": "this protocol does not change membership (SDPaxos does)"}
         why = check_reconfig(op, self.epoch)
         if why is None and self.reconfig is not None:
             why = f"epoch {self.epoch} already ends with a reconfiguration to {self.reconfig[1]}"

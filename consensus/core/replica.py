@@ -58,6 +58,7 @@ class ReplicaBase:
     """Outbox, proposal queue, client bookkeeping and execution shared by protocols."""
 
     protocol = "base"
+    closes_epochs = False  # docs/membership.md: SDPaxos ends an epoch with an END slot
 
     def __init__(
         self,
@@ -75,7 +76,8 @@ class ReplicaBase:
         self.n = cfg.n
         self.quorum = cfg.quorum
         self.rng = rng or random.Random(node_id)
-        self.executor = Executor(sm, cfg.epoch)
+        # Only a protocol that closes epochs (SDPaxos's END) takes a reconfiguration.
+        self.executor = Executor(sm, cfg.epoch if self.closes_epochs else None)
         self.now = 0  # ticks since this incarnation started
         self._out: dict[int, list[Message]] = {}
         self._urgent: dict[int, list[Message]] = {}  # Ready.urgent

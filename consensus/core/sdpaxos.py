@@ -242,6 +242,7 @@ class CRecovery:
 
 
 class SDPaxosReplica(ReplicaBase):
+    closes_epochs = True
     protocol = "sdpaxos"
     _handlers: dict[type, object] = {}
 

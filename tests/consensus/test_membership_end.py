@@ -183,3 +183,16 @@ def test_a_sequencer_that_installs_a_snapshot_past_end_places_no_second_end():
     assert rd.epoch_end == (4, [0, ["a", "b", "c"], "a"])
     sent = [m for _dst, msgs in rd.messages for m in msgs if type(m).__name__ == "OAccept"]
     assert not sent and seq.next_slot <= 5 and seq.status()["ended"] == 4
+
+
+def test_multipaxos_refuses_a_reconfiguration_instead_of_pretending():
+    """Multi-Paxos has no END: its executor answers a reconfiguration with an error
+    (acknowledging it would promise a change that never happens)."""
+    from consensus.core.config import ProtocolConfig
+    from consensus.core.multipaxos import MultiPaxosReplica
+
+    rep = MultiPaxosReplica(0, ProtocolConfig(n=3), KVStateMachine())
+    out = []
+    rep.executor.run([["admin", 1, [RECONFIG, 0, ["a", "b", "c"], "a"]]], out)
+    assert out[0][2]["ok"] is False and "does not change membership" in out[0][2]["error"]
+    assert rep.executor.reconfig is None
