@@ -916,11 +916,13 @@ MUTANTS: list[Mutant] = [
         name="end-never-terminal",
         file=SDP,
         old="""\
-            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
                 return j
-            if committed:""",
+""",
         new="""\
-            if committed:""",
+            if False:
+                return j
+""",
         rule="V (docs/membership.md): a view change keeps an END that may be chosen",
         description="a new sequencer replaces every END it recovers by a no-op: a chosen END is lost, "
         "replicas end the epoch at different slots",
@@ -929,7 +931,7 @@ MUTANTS: list[Mutant] = [
         name="end-always-terminal",
         file=SDP,
         old="""\
-            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
                 return j""",
         new="""\
             if True:
@@ -942,9 +944,9 @@ MUTANTS: list[Mutant] = [
         name="end-ignores-last-view",
         file=SDP,
         old="""\
-            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):""",
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):""",
         new="""\
-            if all(best[k][0] <= v_end for k in best if k > j):""",
+            if committed or all(best[k][0] <= v_end for k in best if k > j):""",
         rule="V (docs/membership.md): an END older than the last serving view was not chosen",
         description="a stale END is kept when a later view served but no voter reports its slots after it "
         "(N = 5: the slots a later view made ready may be unseen)",
@@ -1031,6 +1033,15 @@ MUTANTS: list[Mutant] = [
 """,
         rule="docs/membership.md part 2: a message of an older epoch is answered with a notice",
         description="a member that missed END (a removed one restarted in the old epoch) never learns it moved on",
+    ),
+    Mutant(
+        name="end-committed-judged-by-view",
+        file=SDP,
+        old="if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):",
+        new="if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):",
+        rule="V (docs/membership.md): a committed END is chosen, whatever view it is reported at",
+        description="a committed END whose holder kept its old view while a later view re-proposed it is judged stale "
+        "and replaced (review D1)",
     ),
 ]
 

@@ -1898,16 +1898,17 @@ class SDPaxosReplica(ReplicaBase):
 
     def _judge_end(self, best: dict, log: dict[int, int], last_view: int) -> int:
         """V (docs/membership.md): the lowest END in the recovered log that may have been
-        chosen, or -1. An END at slot j, view v_E, may be chosen only if no view after
-        v_E served (``last_view``) and no value after j is from a view after v_E: a
-        view that found a chosen END re-proposed it and nothing after it. Any other END
-        was not chosen and becomes a no-op (mutates ``log``)."""
+        chosen, or -1. A committed END is chosen, whatever view it is reported at (a
+        replica that holds a slot committed keeps the view it took it in when a later
+        view re-proposes it, while its o_view moves on: review of 2026-11-27, D1).
+        Otherwise an END at slot j, view v_E, may be chosen only if no view after v_E
+        served (``last_view``) and no value after j is from a view after v_E: a view that
+        found a chosen END re-proposed it and nothing after it. Any other END was not
+        chosen and becomes a no-op (mutates ``log``)."""
         for j in sorted(k for k, leader in log.items() if leader == END):
             v_end, _leader, committed = best[j]
-            if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
                 return j
-            if committed:
-                raise SafetyViolation(f"new sequencer {self.id}: committed END at slot {j} judged not chosen")
             log[j] = NOCL
         return -1
 

@@ -196,3 +196,24 @@ def test_multipaxos_refuses_a_reconfiguration_instead_of_pretending():
     rep.executor.run([["admin", 1, [RECONFIG, 0, ["a", "b", "c"], "a"]]], out)
     assert out[0][2]["ok"] is False and "does not change membership" in out[0][2]["error"]
     assert rep.executor.reconfig is None
+
+
+def test_a_committed_end_is_kept_whatever_view_it_is_reported_at():
+    """V, review D1: a replica that holds END committed keeps the view it took it in when
+    a later view re-proposes it (committed slots are skipped), while its o_view moves on
+    to that later view. A candidate that sees END committed at view 0.0 with last_view
+    1.2 must keep it: committed means chosen. Judged by its view alone, it would become
+    a no-op and the epoch would end at two different slots. Mutant
+    ``end-committed-judged-by-view``."""
+    from consensus.core.config import NOCL, ProtocolConfig, make_ballot
+    from consensus.core.sdpaxos import SDPaxosReplica
+
+    rep = SDPaxosReplica(0, ProtocolConfig(n=5), KVStateMachine())
+    v0, w = make_ballot(0, 0), make_ballot(1, 2)
+    best = {3: (v0, 1, True), 4: (v0, END, True)}
+    log = {j: e[1] for j, e in best.items()}
+    assert rep._judge_end(best, dict(log), last_view=w) == 4
+    # Not committed, older than the last serving view: not chosen, a no-op.
+    best[4] = (v0, END, False)
+    stale = dict(log)
+    assert rep._judge_end(best, stale, last_view=w) == -1 and stale[4] == NOCL
