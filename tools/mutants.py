@@ -1043,6 +1043,18 @@ MUTANTS: list[Mutant] = [
         description="a committed END whose holder kept its old view while a later view re-proposed it is judged stale "
         "and replaced (review D1)",
     ),
+    Mutant(
+        name="epoch-no-newcomer-notice",
+        file=EPOCHS,
+        old="""\
+                    self._notices.append((dst, base.epoch, [EpochNotice(-1, base.epoch)]))
+""",
+        new="""\
+                    pass
+""",
+        rule="docs/membership.md part 2: a member entering the new epoch tells the newcomers",
+        description="newcomers that know nobody never learn their epoch when every old member leaves",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

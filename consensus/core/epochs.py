@@ -127,9 +127,14 @@ class Member:
         old one owed."""
         if base.epoch <= self.epoch:
             return
-        old = self.inner
+        old, old_members, next_epoch = self.inner, self.members, base.epoch == self.epoch + 1
         owed = old.unfinished() if old is not None else []
         self._start(base, records=None)
+        if next_epoch:
+            # The newcomers know nobody: tell them (they fetch the base from us).
+            for dst in base.members:
+                if dst not in old_members and dst != self.name:
+                    self._notices.append((dst, base.epoch, [EpochNotice(-1, base.epoch)]))
         if self.inner is None:
             return
         for client, seq, op, needs_result in owed:

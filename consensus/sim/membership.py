@@ -150,12 +150,7 @@ class MembershipSim:
             base = m.close(rd.epoch_end)
             self.closed.setdefault(base.epoch - 1, set()).add((base.members, base.sequencer, base.state))
             self._store_base(name, base)
-            old_members = m.members
             m.enter(base)
-            # Tell the newcomers: they learn the base from us (a new process knows nobody).
-            for dst in base.members:
-                if dst not in old_members and dst != name:
-                    self._send(name, dst, base.epoch, [])
 
     def _reachable(self, a: str, b: str) -> bool:
         return a not in self.cuts and b not in self.cuts

@@ -161,6 +161,22 @@ def test_a_crashed_member_is_replaced_by_a_new_process():
     d.check(1, ["r0", "r1", "r9"])
 
 
+def test_a_cluster_moves_to_disjoint_members():
+    """Every member replaced at once: the old members leave as they enter the new epoch,
+    and tell the newcomers, who know nobody, where to fetch the base. Mutant
+    ``epoch-no-newcomer-notice``."""
+    d = Driver(["r0", "r1", "r2"], seed=4)
+    d.run(15)
+    for name in ("r3", "r4", "r5"):
+        d.add(name)
+    ask = d.reconfig("r2", ["r3", "r4", "r5"], "r4")
+    d.run(30)
+    d.settle(60)
+    assert d.answered[ask]["ok"]
+    d.check(1, ["r3", "r4", "r5"])
+    assert all(d.procs[n].removed for n in ("r0", "r1", "r2"))
+
+
 def test_a_removed_member_restarted_in_the_old_epoch_learns_it_is_out():
     """r2 misses the END (cut off while the epoch closes) and comes back in epoch 0: its
     peers answer with notices, it adopts their base, finds itself removed, and takes no
