@@ -32,6 +32,7 @@ from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.sdpaxos import SDPaxosReplica
 
 from .registry import machine_factory
+from .simulator import kv_history
 
 
 @dataclass
@@ -315,8 +316,6 @@ class MembershipSim:
     # --- judging ---------------------------------------------------------------------------
 
     def history_ops(self) -> list:
-        from jepsen_like.history import Op
-
         events = []
         for c in self.clients:
             for t0, t1, op, result in c.history:
@@ -325,19 +324,7 @@ class MembershipSim:
             if c.op is not None:
                 events.append((c.started, 1, c.name, c.op, None))
                 events.append((10**9, 2, c.name, c.op, None))
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
-        ops: list = []
-        for t, phase, name, op, result in events:
-            if op[0] == "cas":
-                value = (op[1], (op[2], op[3]))
-                kind = "invoke" if phase == 1 else "info" if phase == 2 else ("ok" if result is True else "fail")
-                ops.append(Op(len(ops), t, name, kind, "cas", value))
-                continue
-            f = op[0]
-            kind = "invoke" if phase == 1 else "info" if phase == 2 else "ok"
-            value = (op[1], (result if phase == 0 else None) if f == "get" else op[2])
-            ops.append(Op(len(ops), t, name, kind, f, value))
-        return ops
+        return kv_history(events, self.round)
 
     def judge(self) -> dict:
         from jepsen_like.checker import check

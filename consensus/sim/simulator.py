@@ -174,6 +174,29 @@ class Client:
     admin: bool = False  # sends one command (a reconfiguration), then stops
 
 
+def kv_history(events: list, end_time: int) -> list:
+    """Key-value client events as jepsen_like ops (the KV model: value ``(key, v)``).
+
+    ``events`` are ``(time, phase, process, op, result)``: phase 1 an invocation, 0 its
+    completion, 2 a command still unanswered at the end (reported as ``info`` at
+    ``end_time``). A client's next command starts the instant its last one completes, so
+    completions (0) sort before invocations (1) at equal times; unfinished ones last. A
+    cas answered False did not happen (Jepsen records it as ``fail``)."""
+    from jepsen_like.history import Op
+
+    ops: list = []
+    for t, phase, process, op, result in sorted(events, key=lambda e: (e[0], e[1], e[2])):
+        if op[0] == "cas":
+            f, value = "cas", (op[1], (op[2], op[3]))
+            kind = "invoke" if phase == 1 else ("ok" if result is True else "fail") if phase == 0 else "info"
+        else:
+            f = "get" if op[0] == "get" else "put"
+            kind = "invoke" if phase == 1 else "ok" if phase == 0 else "info"
+            value = (op[1], (result if phase == 0 else None) if f == "get" else op[2])
+        ops.append(Op(len(ops), end_time if phase == 2 else t, process, kind, f, value))
+    return ops
+
+
 class Simulation:
     def __init__(self, cfg: SimConfig) -> None:
         if cfg.protocol not in PROTOCOLS:
@@ -859,20 +882,8 @@ class Simulation:
 
     def history_ops(self) -> list:
         """The client history as jepsen_like ops (KV model: value is ``(key, v)``)."""
-        from jepsen_like.history import Op
-
         if self._vcs:
             raise ValueError("history_ops and linearizable model the kv machine only")
-        ops = []
-        index = 0
-
-        def add(t, cid, kind, f, value):
-            nonlocal index
-            ops.append(Op(index, t, cid, kind, f, value))
-            index += 1
-
-        # A client's next command starts the instant its last one completes: order
-        # completions (0) before invocations (1) at equal times; unfinished ones last (2).
         events = []
         for client in self.clients.values():
             if client.admin:
@@ -883,26 +894,7 @@ class Simulation:
             if client.op is not None:
                 events.append((client.t_send, 1, client.cid, client.op, None))
                 events.append((10**18, 2, client.cid, client.op, None))
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
-        for t, phase, cid, op, result in events:
-            if op[0] == "cas":
-                # A cas that answered False did not happen (Jepsen records it as fail).
-                value = (op[1], (op[2], op[3]))
-                if phase == 1:
-                    add(t, cid, "invoke", "cas", value)
-                elif phase == 0:
-                    add(t, cid, "ok" if result is True else "fail", "cas", value)
-                else:
-                    add(self.now, cid, "info", "cas", value)
-                continue
-            f = "get" if op[0] == "get" else "put"
-            if phase == 1:
-                add(t, cid, "invoke", f, (op[1], None if f == "get" else op[2]))
-            elif phase == 0:
-                add(t, cid, "ok", f, (op[1], result if f == "get" else op[2]))
-            else:
-                add(self.now, cid, "info", f, (op[1], None if f == "get" else op[2]))
-        return ops
+        return kv_history(events, self.now)
 
     def linearizable(self, timeout_s: float = 60.0):
         """True, False or None (checker budget ran out) for the client history."""
