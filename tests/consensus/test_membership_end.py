@@ -47,15 +47,15 @@ def _assert_closed(sim):
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_a_reconfiguration_closes_the_epoch_at_one_end_slot(n):
-    """Under load (two clients per site), the reconfiguration asked at 150 ms closes the
+    """Under load (two clients per site), the reconfiguration asked at 60 ms closes the
     epoch: one END slot everywhere, every slot below it executed, the admin's answer
     names the next epoch, and the commands still owed an answer were never
     acknowledged (they are what the epoch layer re-proposes)."""
-    sim = Simulation(SimConfig(replicas=n, rtt="lan", seconds=0.5, seed=7, clients_per_site=2,
-                               faults=[(150, "reconfig", 1)]))
+    sim = Simulation(SimConfig(replicas=n, rtt="lan", seconds=0.12, seed=7, clients_per_site=2,
+                               faults=[(60, "reconfig", 1)]))
     sim.run()
     end = _assert_closed(sim)
-    assert end > 100  # the load ran before the close
+    assert end > 50  # the load ran before the close
     (result,) = _admin_results(sim)
     assert result["ok"] and result["epoch"] == 1, result
     seq = sim.nodes[sim.nodes[0].sequencer]
