@@ -217,3 +217,15 @@ def test_a_committed_end_is_kept_whatever_view_it_is_reported_at():
     best[4] = (v0, END, False)
     stale = dict(log)
     assert rep._judge_end(best, stale, last_view=w) == -1 and stale[4] == NOCL
+
+
+@pytest.mark.slow
+def test_reconfiguration_search_campaign():
+    """``cellar sim search --reconfig`` as a test: ``CELLAR_RECONFIG_EXAMPLES`` seeds from
+    ``CELLAR_RECONFIG_SEED`` (300 from 400000)."""
+    import os
+
+    first = int(os.environ.get("CELLAR_RECONFIG_SEED", "400000"))
+    for seed in range(first, first + int(os.environ.get("CELLAR_RECONFIG_EXAMPLES", "300"))):
+        result = judge(swarm_config(seed, reconfig=True))
+        assert result["failures"] == [], (seed, result["failures"])
