@@ -22,6 +22,7 @@ MP = "consensus/core/multipaxos.py"
 RULES = "consensus/core/rules.py"
 NEAR = "consensus/core/nearness.py"
 BASE = "consensus/core/replica.py"
+EPOCHS = "consensus/core/epochs.py"
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ MUTANTS: list[Mutant] = [
         name="bug2b-no-nocl-slot",
         file=SDP,
         old="""\
-            if end == base:
+            if end == base and term < 0:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
                 # once a majority took it, so that every later majority holds a
                 # voter that knows this view served (its o_view, for Fig. 7).
@@ -1015,6 +1016,174 @@ MUTANTS: list[Mutant] = [
 """,
         rule="liveness (Multi-Paxos, issue 15): a voter whose report is whole is still asked, so it waits for the others' chunks",
         description="N=5: a voter done early stands after an election timeout while another's chunks still come in, for ever",
+    ),
+    Mutant(
+        name="end-assign-while-closing",
+        file=SDP,
+        old="""\
+        if self.end_slot >= 0 or self.executor.reconfig is not None:
+            # S1 (docs/membership.md): this epoch is closing; what is not ordered yet
+            # never is in this epoch (its commands were never ready: unfinished()).
+            return
+""",
+        new="",
+        rule="S1 (docs/membership.md): a closing sequencer orders nothing new; nothing after END is chosen",
+        description="_assign goes on ordering C-instances after the reconfiguration, also after END: "
+        "commands ordered (and acknowledged) past END are never executed",
+    ),
+    Mutant(
+        name="end-lease-read-while-closing",
+        file=SDP,
+        old="""\
+        if (self.phase != "normal" or self.now >= self.lease_expiry or self.end_slot >= 0
+                or self.executor.reconfig is not None):""",
+        new="""\
+        if self.phase != "normal" or self.now >= self.lease_expiry:""",
+        rule="S2 (docs/membership.md): a closing sequencer hands out no lease read",
+        description="a closing sequencer serves lease reads, which can miss the next epoch's writes",
+    ),
+    Mutant(
+        name="end-never-terminal",
+        file=SDP,
+        old="""\
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
+                return j
+""",
+        new="""\
+            if False:
+                return j
+""",
+        rule="V (docs/membership.md): a view change keeps an END that may be chosen",
+        description="a new sequencer replaces every END it recovers by a no-op: a chosen END is lost, "
+        "replicas end the epoch at different slots",
+    ),
+    Mutant(
+        name="end-always-terminal",
+        file=SDP,
+        old="""\
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
+                return j""",
+        new="""\
+            if True:
+                return j""",
+        rule="V (docs/membership.md): an END older than the last serving view, or than a value after it, was not chosen",
+        description="a new sequencer keeps any END it recovers and drops the slots after it, "
+        "even ones a later view made chosen",
+    ),
+    Mutant(
+        name="end-ignores-last-view",
+        file=SDP,
+        old="""\
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):""",
+        new="""\
+            if committed or all(best[k][0] <= v_end for k in best if k > j):""",
+        rule="V (docs/membership.md): an END older than the last serving view was not chosen",
+        description="a stale END is kept when a later view served but no voter reports its slots after it "
+        "(N = 5: the slots a later view made ready may be unseen)",
+    ),
+    Mutant(
+        name="end-no-truncate",
+        file=SDP,
+        old="""\
+            end = max(base, term + 1)  # nothing after a chosen END is chosen (Fig. 7 fills included)
+""",
+        new="""\
+            pass
+""",
+        rule="V (docs/membership.md): a kept END ends the recovered log",
+        description="a new sequencer re-proposes values after a kept END (stale reports, Fig. 7 fills): "
+        "they are chosen past END",
+    ),
+    Mutant(
+        name="end-candidate-forgets-own-end",
+        file=SDP,
+        old="""\
+        term = self._end_below(base)
+        if term < 0:
+            term = self._judge_end(best, log, last_view)""",
+        new="""\
+        term = self._judge_end(best, log, last_view)""",
+        rule="V (docs/membership.md): a candidate that knows END chosen (executed, or committed below its vote base) keeps it",
+        description="a candidate with END in its committed prefix (which no vote reports) serves after it: "
+        "a second END, or, not closing yet, new commands ordered and acknowledged past END",
+    ),
+    Mutant(
+        name="end-after-installed-end",
+        file=SDP,
+        old="self.end_slot < 0 and self.ended < 0 and self.phase",
+        new="self.end_slot < 0 and self.phase",
+        rule="X (docs/membership.md): a replica past END (a snapshot after it installed) closes no second time",
+        description="a sequencer that installed a snapshot taken after END proposes another END after it",
+    ),
+    Mutant(
+        name="epoch-drops-unfinished",
+        file=EPOCHS,
+        old="""\
+        for client, seq, op, needs_result in owed:
+            self.inner.propose(client, seq, op, needs_result)
+""",
+        new="""\
+        pass
+""",
+        rule="docs/membership.md part 2: what the old epoch's replica owed is proposed again in the new one",
+        description="commands not ordered before END are dropped at the epoch change: never answered",
+    ),
+    Mutant(
+        name="epoch-base-keeps-reconfig",
+        file="consensus/core/executor.py",
+        old="""\
+        pending, self.reconfig = self.reconfig, None
+""",
+        new="""\
+        pending = self.reconfig
+""",
+        rule="docs/membership.md part 2: the next epoch starts without the old epoch's pending reconfiguration",
+        description="the base carries the pending reconfiguration: the new epoch closes at once (an END of the wrong epoch)",
+    ),
+    Mutant(
+        name="epoch-ignores-newer",
+        file=EPOCHS,
+        old="""\
+            self.want_base = src  # we are behind: the driver fetches src's base
+""",
+        new="""\
+            pass
+""",
+        rule="docs/membership.md part 2: a message of a newer epoch makes its receiver fetch the sender's base",
+        description="a new member, or one that missed END, never learns the epoch it is in",
+    ),
+    Mutant(
+        name="epoch-no-notice",
+        file=EPOCHS,
+        old="""\
+            self._notices.append((src, self.epoch, [EpochNotice(-1, self.epoch)]))
+""",
+        new="""\
+            pass
+""",
+        rule="docs/membership.md part 2: a message of an older epoch is answered with a notice",
+        description="a member that missed END (a removed one restarted in the old epoch) never learns it moved on",
+    ),
+    Mutant(
+        name="end-committed-judged-by-view",
+        file=SDP,
+        old="if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):",
+        new="if v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j):",
+        rule="V (docs/membership.md): a committed END is chosen, whatever view it is reported at",
+        description="a committed END whose holder kept its old view while a later view re-proposed it is judged stale "
+        "and replaced (review D1)",
+    ),
+    Mutant(
+        name="epoch-no-newcomer-notice",
+        file=EPOCHS,
+        old="""\
+                    self._notices.append((dst, base.epoch, [EpochNotice(-1, base.epoch)]))
+""",
+        new="""\
+                    pass
+""",
+        rule="docs/membership.md part 2: a member entering the new epoch tells the newcomers",
+        description="newcomers that know nobody never learn their epoch when every old member leaves",
     ),
 ]
 

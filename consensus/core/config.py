@@ -15,6 +15,8 @@ MAX_REPLICAS = 1 << BALLOT_BITS  # must stay consistent with make_ballot/ballot_
 
 # O-slot value meaning "no command leader": executed as a no-op (paper §3.3, "no-cl").
 NOCL = -1
+# O-slot value closing an epoch: nothing after it is chosen (docs/membership.md).
+END = -2
 
 
 def make_ballot(round_: int, proposer: int) -> int:
@@ -97,6 +99,9 @@ class ProtocolConfig:
     # reserved instances its log lacks (docs/early-send.md). Saves one fsync on the
     # commit path. Off: every accept waits for the leader's record.
     early_send: bool = False
+    # Which configuration of the cluster this is (docs/membership.md): a reconfiguration
+    # command must name it.
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         if not 3 <= self.n <= MAX_REPLICAS or self.n % 2 == 0:

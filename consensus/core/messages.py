@@ -380,6 +380,17 @@ class PreVoteReply(Message):
     ok: bool
 
 
+# --- membership (docs/membership.md) -------------------------------------------------
+
+
+@_message(52, _INT, _INT)
+class EpochNotice(Message):
+    """The sender is in ``epoch``, newer than the receiver's: fetch its base."""
+
+    view: int
+    epoch: int
+
+
 def encode_message(msg: Message) -> list:
     return [msg.code, *[getattr(msg, f) for f in msg.__slots__]]
 

@@ -28,6 +28,8 @@ The contract, in the order the driver must follow (as etcd raft's ``Ready``):
    again) and, when it arrives, follow ``install_snapshot``'s steps
    (``consensus.core.sdpaxos``): ``install_snapshot`` → store durably → ``compact``
    → rewrite the WAL with the live records, before the next ``ready()``.
+7. ``epoch_end``: when not None, this replica executed the END slot that closes its
+   epoch (docs/membership.md); it executes nothing more in this epoch.
 
 A driver that cannot persist (disk full, I/O error) must stop the replica rather than
 send: sending without persisting breaks the protocol's safety argument.
@@ -71,7 +73,10 @@ class Ready:
     token: int = 0
     # Messages sent without waiting for ``persist`` (see step 2 above).
     urgent: list = field(default_factory=list)
+    # This replica executed its epoch's END slot (docs/membership.md): ``(slot,
+    # [epoch, members, sequencer])``. The state now is the next epoch's initial state.
+    epoch_end: tuple | None = None
 
     def empty(self) -> bool:
         return not (self.persist or self.messages or self.replies or self.executed or self.urgent
-                    or self.snapshot_from is not None)
+                    or self.snapshot_from is not None or self.epoch_end is not None)

@@ -58,6 +58,7 @@ class ReplicaBase:
     """Outbox, proposal queue, client bookkeeping and execution shared by protocols."""
 
     protocol = "base"
+    closes_epochs = False  # docs/membership.md: SDPaxos ends an epoch with an END slot
 
     def __init__(
         self,
@@ -75,7 +76,8 @@ class ReplicaBase:
         self.n = cfg.n
         self.quorum = cfg.quorum
         self.rng = rng or random.Random(node_id)
-        self.executor = Executor(sm)
+        # Only a protocol that closes epochs (SDPaxos's END) takes a reconfiguration.
+        self.executor = Executor(sm, cfg.epoch if self.closes_epochs else None)
         self.now = 0  # ticks since this incarnation started
         self._out: dict[int, list[Message]] = {}
         self._urgent: dict[int, list[Message]] = {}  # Ready.urgent
@@ -97,6 +99,7 @@ class ReplicaBase:
         # Round trips to each peer, measured here, and the order we ask peers in.
         self.near = Nearness(node_id, cfg.n, cfg.peer_order[node_id], cfg.quorum - 1)
         self._snapshot_from: int | None = None  # Ready.snapshot_from, one-shot
+        self._epoch_end: tuple | None = None  # Ready.epoch_end, one-shot
         self._token = 0  # Ready.token of the last Ready that had records
         self._durable_token = 0  # every Ready up to this one is durable (persisted())
         if snapshot is not None:
@@ -218,8 +221,9 @@ class ReplicaBase:
             if msgs:
                 messages.append((dst, msgs))
         rd = Ready(self._persist, messages, self._replies, self._executed, self._snapshot_from, token,
-                   [(dst, self._urgent[dst]) for dst in sorted(self._urgent)])
+                   [(dst, self._urgent[dst]) for dst in sorted(self._urgent)], self._epoch_end)
         self._snapshot_from = None
+        self._epoch_end = None
         self._out = {}
         self._urgent = {}
         self._persist = []

@@ -119,7 +119,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .config import NOCL, ProtocolConfig, ballot_owner, ballot_round, make_ballot
+from .config import END, NOCL, ProtocolConfig, ballot_owner, ballot_round, make_ballot
 from .messages import (
     CAccept,
     CAck,
@@ -242,6 +242,7 @@ class CRecovery:
 
 
 class SDPaxosReplica(ReplicaBase):
+    closes_epochs = True
     protocol = "sdpaxos"
     _handlers: dict[type, object] = {}
 
@@ -358,6 +359,10 @@ class SDPaxosReplica(ReplicaBase):
         self._last_view_change = -cfg.straggler_cooldown_ticks
         # Execution of the merged log
         self.exec_slot = 0
+        # The END slot closing this epoch (docs/membership.md): executed here (ended),
+        # or proposed or kept by us as its sequencer (end_slot); -1 while not.
+        self.ended = -1
+        self.end_slot = -1
         self.exec_inst = [0] * n
         self._blocked_since = -1
         self._blocked_on: tuple[int, int] | None = None
@@ -543,6 +548,8 @@ class SDPaxosReplica(ReplicaBase):
             "exec_inst": list(self.exec_inst),
             "view": self.view,
         }
+        if self.ended >= 0:
+            meta["ended"] = self.ended  # the state after this epoch's END (docs/membership.md)
         return meta, self.executor.snapshot()
 
     def compact(self, meta: dict, live: bool = True) -> list:
@@ -599,6 +606,9 @@ class SDPaxosReplica(ReplicaBase):
         self.exec_inst = list(insts)
         self._raise_floor(slot, insts)
         self._snap_meta = dict(meta)
+        if "ended" in meta:
+            self.ended = meta["ended"]
+            self._epoch_end = (self.ended, list(self.executor.reconfig or []))
         self._blocked_on = None
         self._blocked_since = -1
         self._fetching = False
@@ -618,6 +628,8 @@ class SDPaxosReplica(ReplicaBase):
             raise ValueError("malformed snapshot meta")
         if len(insts) != self.n or any(type(x) is not int or x < 0 for x in insts) or sum(insts) > slot:
             raise ValueError("malformed snapshot exec_inst")
+        if "ended" in meta and meta["ended"] != slot - 1:
+            raise ValueError("malformed snapshot: an epoch's END is the slot before the snapshot's")
         return slot, insts
 
     def _restore_point(self, meta: dict) -> None:
@@ -630,6 +642,9 @@ class SDPaxosReplica(ReplicaBase):
         self.c_max = [max(-1, i - 1) for i in insts]
         self.next_inst = insts[self.id]
         self._snap_meta = dict(meta)
+        self.ended = meta.get("ended", -1)
+        if self.ended >= 0:
+            self._epoch_end = (self.ended, list(self.executor.reconfig or []))
 
     def _raise_floor(self, slot: int, insts: list[int]) -> None:
         """Drop the log below an executed point; it now counts as committed."""
@@ -1075,6 +1090,10 @@ class SDPaxosReplica(ReplicaBase):
 
     def _assign(self, leader: int, inst: int, keys: list) -> None:
         """Idempotent: give ``leader`` O-slots until it owns ``inst + 1`` of them."""
+        if self.end_slot >= 0 or self.executor.reconfig is not None:
+            # S1 (docs/membership.md): this epoch is closing; what is not ordered yet
+            # never is in this epoch (its commands were never ready: unfinished()).
+            return
         if self.phase != "normal":
             # Candidate or recovering: order these right after the recovered log.
             if self.phase in ("candidate", "recovering") and len(self._deferred) < 65536:
@@ -1097,6 +1116,13 @@ class SDPaxosReplica(ReplicaBase):
                 self.unknown_keys_slot = self.next_slot - 1
 
     def _before_ready(self) -> None:
+        if (self.executor.reconfig is not None and self.end_slot < 0 and self.ended < 0 and self.phase == "normal"
+                and self.id == self.sequencer and self.majority_prefix >= self.next_slot):
+            # S1: every slot we assigned is chosen; close the epoch after them.
+            self.end_slot = self.next_slot
+            self._accepted(self.next_slot, END, self.view)
+            self.next_slot += 1
+            self._new_slots.append(END)
         if not self._new_slots:
             return
         leaders = self._new_slots
@@ -1194,7 +1220,7 @@ class SDPaxosReplica(ReplicaBase):
         if len(m.leaders) > OSLOTS_PER_MSG_MAX:
             return
         for leader in m.leaders:
-            if type(leader) is not int or not NOCL <= leader < self.n:
+            if type(leader) is not int or not END <= leader < self.n:
                 return
         self._heard_from_sequencer()
         me = self.id
@@ -1252,7 +1278,7 @@ class SDPaxosReplica(ReplicaBase):
             # The sequencer waits on acks only for its own slots; others can ride later.
             self.send(self.sequencer, ack, lazy=not named_seq and self.phase == "normal")
             if self.n >= 7:
-                for leader in sorted({x for x in m.leaders if x not in (NOCL, me, self.sequencer)}):
+                for leader in sorted({x for x in m.leaders if x >= 0 and x not in (me, self.sequencer)}):
                     self.send(leader, ack)
         self._check_ready()
         self._execute()
@@ -1389,7 +1415,7 @@ class SDPaxosReplica(ReplicaBase):
         if m.upto <= self.o_committed or len(m.leaders) > OSLOTS_PER_MSG_MAX:
             return
         for leader in m.leaders:
-            if type(leader) is not int or not NOCL <= leader < self.n:
+            if type(leader) is not int or not END <= leader < self.n:
                 return
         learned = False
         floor = self.floor_slot
@@ -1466,6 +1492,8 @@ class SDPaxosReplica(ReplicaBase):
                 self._best_ready = took
 
     def _execute(self) -> None:
+        if self.ended >= 0:
+            return  # X: this epoch is over here
         oslots, clog, me = self.oslots, self.clog, self.id
         progressed = False
         while True:
@@ -1479,6 +1507,9 @@ class SDPaxosReplica(ReplicaBase):
                 self.exec_slot += 1
                 progressed = True
                 continue
+            if leader == END:
+                self._end_epoch(j)
+                break
             inst = self.exec_inst[leader]
             c = clog[leader].get(inst)
             if c is None or not c.committed:
@@ -1501,11 +1532,51 @@ class SDPaxosReplica(ReplicaBase):
         if progressed:
             self._serve_reads()
 
+    def _end_epoch(self, j: int) -> None:
+        """X (docs/membership.md): we executed END at ``j``; nothing more runs here."""
+        reconfig = self.executor.reconfig
+        if reconfig is None:
+            raise SafetyViolation(f"replica {self.id}: END at slot {j} without a reconfiguration executed before it")
+        self._apply(j, (END, -1), None)
+        self.exec_slot = j + 1
+        self.ended = j
+        self._epoch_end = (j, list(reconfig))
+        self.stats["epoch_ended"] = j
+
+    def unfinished(self) -> list:
+        """Commands and reads this replica still owes an answer, as ``[client, seq, op,
+        needs_result]``: after END they are never answered in this epoch, and the
+        epoch layer re-proposes them in the next one (the executor's sessions drop a
+        command that was also executed below END)."""
+        owed = []
+        seen = set()
+        cmds = list(self._pending)
+        for inst in sorted(self.clog[self.id]):
+            if inst >= self.exec_inst[self.id]:
+                c = self.clog[self.id][inst]
+                cmds.extend(c.cmds or [])
+        for p in self.unready.values():
+            cmds.extend(p.rec.cmds or [])
+        for client, seq, op in cmds:
+            key = (client, seq)
+            if key in seen:
+                continue
+            if key in self._needs_result or key in self._blind:
+                seen.add(key)
+                owed.append([client, seq, op, key in self._needs_result])
+        for client, seq, op, _tick in self._reads.values():
+            owed.append([client, seq, op, True])
+        for _slot, client, seq, op in self._reads_waiting:
+            owed.append([client, seq, op, True])
+        return owed
+
     # --- reads (paper §3.5) -----------------------------------------------------------
 
     def _read_slot(self, key: Any) -> int:
         """The slot a read of ``key`` must wait for, or READ_VIA_LOG without a lease."""
-        if self.phase != "normal" or self.now >= self.lease_expiry:
+        if (self.phase != "normal" or self.now >= self.lease_expiry or self.end_slot >= 0
+                or self.executor.reconfig is not None):
+            # S2 (docs/membership.md): a closing sequencer hands out no read slot.
             return READ_VIA_LOG
         slot = self.history.get(key, -1) if type(key) in (str, int, bytes) else self.next_slot - 1
         return max(slot, self.unknown_keys_slot)
@@ -1731,7 +1802,7 @@ class SDPaxosReplica(ReplicaBase):
         for entry in m.slots:
             if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not int or type(entry[1]) is not int:
                 return
-            if not NOCL <= entry[1] < self.n:
+            if not END <= entry[1] < self.n:
                 return
         if len(m.c_max) != self.n or len(m.c_own) != self.n:
             return
@@ -1749,16 +1820,24 @@ class SDPaxosReplica(ReplicaBase):
         reports += [[(j, view, leader, committed) for j, leader, view, committed in v.slots] for v in self.votes.values()]
         best = pick_highest(reports, base)  # slot -> (view, leader, committed)
         log: dict[int, int] = {j: e[1] for j, e in best.items()}
+        # V (docs/membership.md): an END that may be chosen ends the recovered log.
+        last_view = max([self.o_view] + [v.o_view for v in self.votes.values()])
+        term = self._end_below(base)
+        if term < 0:
+            term = self._judge_end(best, log, last_view)
         end = max(log) + 1 if log else base
         if self.n == 5:
-            self._fig7(base, log, voters, best)
+            self._fig7(base, log, voters, last_view, best)
             end = max(log) + 1 if log else base
-            if end == base:
+            if end == base and term < 0:
                 # Nothing to re-propose: propose one no-cl slot anyway and serve only
                 # once a majority took it, so that every later majority holds a
                 # voter that knows this view served (its o_view, for Fig. 7).
                 log[base] = NOCL
                 end = base + 1
+        if term >= 0:
+            end = max(base, term + 1)  # nothing after a chosen END is chosen (Fig. 7 fills included)
+        self.end_slot = term
         leaders = [log.get(j, NOCL) for j in range(base, end)]
         # Become the sequencer of this view.
         self.phase = "recovering"
@@ -1809,14 +1888,37 @@ class SDPaxosReplica(ReplicaBase):
             self._start_serving()
         self._ping()
 
-    def _fig7(self, base: int, log: dict[int, int], voters: list[int], best: dict | None = None) -> tuple[int, int] | None:
+    def _end_below(self, base: int) -> int:
+        """An END this candidate knows chosen: executed, or committed below ``base`` (its
+        committed prefix, which no vote reports): -1 if none. A candidate that missed it
+        would order new commands after it (swarm search --reconfig, seed 100452)."""
+        if self.ended >= 0:
+            return self.ended
+        return min((j for j, s in self.oslots.items() if j < base and s.leader == END), default=-1)
+
+    def _judge_end(self, best: dict, log: dict[int, int], last_view: int) -> int:
+        """V (docs/membership.md): the lowest END in the recovered log that may have been
+        chosen, or -1. A committed END is chosen, whatever view it is reported at (a
+        replica that holds a slot committed keeps the view it took it in when a later
+        view re-proposes it, while its o_view moves on: review of 2026-11-27, D1).
+        Otherwise an END at slot j, view v_E, may be chosen only if no view after v_E
+        served (``last_view``) and no value after j is from a view after v_E: a view that
+        found a chosen END re-proposed it and nothing after it. Any other END was not
+        chosen and becomes a no-op (mutates ``log``)."""
+        for j in sorted(k for k, leader in log.items() if leader == END):
+            v_end, _leader, committed = best[j]
+            if committed or (v_end >= last_view and all(best[k][0] <= v_end for k in best if k > j)):
+                return j
+            log[j] = NOCL
+        return -1
+
+    def _fig7(self, base: int, log: dict[int, int], voters: list[int], last_view: int, best: dict | None = None) -> tuple[int, int] | None:
         """N = 5 (paper Fig. 7): ``rules.fig7`` on what this candidate and its voters
         report. The last sequencer that may have proposed unseen slots served only once
         a majority took its O-accepts, so some voter reports its view (``o_view``); a
         higher reported view whose sequencer never served re-proposed every slot that
         may have been executed, to the voter that reports it."""
         votes = self.votes.values()
-        last_view = max([self.o_view] + [v.o_view for v in self.votes.values()])
         oslots, floor_inst = self.oslots, self.floor_inst
 
         def below(m: int) -> int:  # O-slots naming m under base (compacted ones included)
@@ -1831,7 +1933,7 @@ class SDPaxosReplica(ReplicaBase):
         self.assigned = list(self.floor_inst)
         for j in range(self.floor_slot, end):
             slot = self.oslots.get(j)
-            if slot is not None and slot.leader != NOCL:
+            if slot is not None and slot.leader >= 0:
                 self.assigned[slot.leader] += 1
         self._commit_sent = [0] * self.n
 
@@ -2169,6 +2271,9 @@ class SDPaxosReplica(ReplicaBase):
             "exec_slot": self.exec_slot,
             "floor_slot": self.floor_slot,
             "executed": self.stats["executed"],
+            "epoch": self.cfg.epoch,
+            "closing": self.end_slot >= 0 or self.executor.reconfig is not None,
+            "ended": self.ended,
             "straggler": {  # paper §4: how this replica judges the sequencer (window of its own instances)
                 "strikes": self._strikes,
                 "doubts": self._doubts,

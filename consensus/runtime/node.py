@@ -53,6 +53,7 @@ from typing import Any, Callable
 import msgpack
 
 from consensus.core.config import ProtocolConfig
+from consensus.core.executor import RECONFIG
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
@@ -879,6 +880,13 @@ class Node:
                                 "the admin client certificate (OU=cellar-admin; --cert/--key)"])
                     continue
                 conn.reply(self._admin(client, seq, op))
+                continue
+            if type(op) is list and op and op[0] == RECONFIG:
+                # The core would close the epoch, and this runtime cannot start the next
+                # one yet (docs/membership.md, part 2): refuse it before the log.
+                self.stats["refused_invalid"] += 1
+                conn.reply([client, seq, clientwire.ERROR, "InvalidRequest: membership change is not served by "
+                            "this runtime yet (docs/membership.md)"])
                 continue
             if self._stamp is not None:
                 op = self._stamp(op, int(time.time() * 1000))

@@ -195,7 +195,8 @@ def _print_table(result: dict) -> None:
 @click.option("--replay", type=int, default=None, help="Judge only this seed and print its config.")
 @click.option("--save", is_flag=True, help="Record failures in tests/testdata/fault_regressions.json.")
 @click.option("--stop", is_flag=True, help="Stop at the first failure.")
-def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool) -> None:
+@click.option("--reconfig", is_flag=True, help="Every run also closes its epoch with a membership change (docs/membership.md).")
+def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool, reconfig: bool) -> None:
     """Swarm fault search: each seed draws a cluster, network, disk, workload (puts,
     lease reads, CAS) and fault schedule; the run must be safe, linearizable and live."""
     import time
@@ -203,20 +204,56 @@ def search_command(examples: int, seed: int | None, replay: int | None, save: bo
     from .search import REGRESSIONS, judge, replay_hint, save_regressions, search, swarm_config
 
     if replay is not None:
-        cfg = swarm_config(replay)
+        cfg = swarm_config(replay, reconfig)
         result = judge(cfg)
-        keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed")
+        keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed",
+                "epoch_end", "past_end")
         click.echo(json.dumps({k: result.get(k) for k in keys}))
         click.echo(replay_hint(replay, cfg))
         sys.exit(1 if result["failures"] else 0)
     first = seed if seed is not None else int(time.time())
     click.echo(f"SEED={first} examples={examples}")
     started = time.monotonic()
-    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop)
+    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop, reconfig=reconfig)
     if save and found:
         click.echo(f"saved {save_regressions(found)} new regression case(s) to {REGRESSIONS}")
     click.echo(f"seeds {first}..{first + examples - 1}: {len(found)} failure(s) in {time.monotonic() - started:.0f} s")
     sys.exit(1 if found else 0)
+
+
+@sim.command("membership")
+@click.option("--examples", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Seeds to run.")
+@click.option("--seed", type=int, default=None, help="First seed (default: from the clock; printed).")
+@click.option("--replay", type=int, default=None, help="Judge only this seed and print its config and result.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per failure, and a summary.")
+def membership_command(examples: int, seed: int | None, replay: int | None, as_json: bool) -> None:
+    """Fault search for membership change (docs/membership.md): processes across epochs
+    under crashes, cut links, loss and reordering while an admin grows, shrinks and
+    replaces the cluster; every epoch must close the same way everywhere, the history
+    be linearizable and every command complete."""
+    import time
+
+    from .membership import judge_seed, swarm_membership
+
+    if replay is not None:
+        result = judge_seed(replay)
+        click.echo(json.dumps({"config": repr(swarm_membership(replay)), **result}, default=str))
+        sys.exit(1 if result["failures"] else 0)
+    first = seed if seed is not None else int(time.time())
+    started = time.monotonic()
+    failed = []
+    with click.progressbar(range(first, first + examples), label=f"seeds {first}..{first + examples - 1}",
+                           file=sys.stderr) as bar:
+        for s in bar:
+            result = judge_seed(s)
+            if result["failures"]:
+                failed.append(result)
+                click.echo(json.dumps(result) if as_json else
+                           f"FAIL seed {s}: {', '.join(result['failures'])} (replay: cellar sim membership --replay {s})")
+    summary = {"first": first, "examples": examples, "failures": len(failed), "seconds": round(time.monotonic() - started)}
+    click.echo(json.dumps(summary) if as_json else
+               f"seeds {first}..{first + examples - 1}: {len(failed)} failure(s) in {summary['seconds']} s")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

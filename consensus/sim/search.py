@@ -25,6 +25,12 @@ agreement, no acknowledged write lost, nothing applied twice, every result a cli
 saw equals the sequential replay, the history (puts, gets, CAS) linearizable under
 the key-value model, and liveness: after the heal every command completed.
 
+With ``reconfig`` (``cellar sim search --reconfig``) every run is SDPaxos and an admin
+client asks, once or twice at random times, for the membership change that closes
+the epoch (docs/membership.md); the other draws of the seed are unchanged. The run
+must then end with every live replica past the same END slot, nothing committed
+above it (``past_end``), no acknowledged write lost and the history linearizable.
+
 A failure is printed with its seed, the exact ``SimConfig`` and a replay command;
 ``tests/testdata/fault_regressions.json`` keeps the failures found so far (full
 configs, so a change to this generator does not change what they replay).
@@ -60,8 +66,20 @@ SKEW_MAX = 0.024
 REGRESSIONS = Path(__file__).resolve().parents[2] / "tests" / "testdata" / "fault_regressions.json"
 
 
-def swarm_config(seed: int) -> SimConfig:
+def swarm_config(seed: int, reconfig: bool = False) -> SimConfig:
     """The whole run of ``seed``: cluster, network, disk, workload and faults."""
+    cfg = _swarm_config(seed)
+    if not reconfig:
+        return cfg
+    rng = random.Random(seed ^ 0x5EC0_4F16)  # apart, so every other draw stays
+    ms = cfg.seconds * 1000
+    asks = [(round(rng.uniform(0.05, 0.8) * ms, 3), "reconfig", rng.randrange(cfg.replicas))
+            for _ in range(rng.choice((1, 1, 2)))]
+    faults = sorted(list(cfg.faults) + asks, key=lambda e: e[0])
+    return dataclasses.replace(cfg, protocol="sdpaxos", faults=faults)
+
+
+def _swarm_config(seed: int) -> SimConfig:
     rng = random.Random(seed)
     protocol = rng.choice(("sdpaxos", "sdpaxos", "multipaxos"))
     n = rng.choice((3, 5))
@@ -256,8 +274,8 @@ def judge(cfg: SimConfig, lin_timeout_s: float = 60.0) -> dict:
     for name in ("consistent", "agreement"):
         if not result[name]:
             failures.append(name)
-    for name in ("lost_acked", "duplicated", "wrong_results"):
-        if result[name]:
+    for name in ("lost_acked", "duplicated", "wrong_results", "past_end"):
+        if result.get(name):
             failures.append(f"{name}={result[name]}")
     if not sim.quiet():
         failures.append("not live: commands still pending after the heal")
@@ -294,14 +312,15 @@ def replay_hint(seed: int | None, cfg: SimConfig) -> str:
     return "\n".join(lines)
 
 
-def search(seeds, budget_s: float | None = None, echo=None, stop_on_failure: bool = False) -> list[dict]:
+def search(seeds, budget_s: float | None = None, echo=None, stop_on_failure: bool = False,
+           reconfig: bool = False) -> list[dict]:
     """Judge ``swarm_config(s)`` for each seed; returns the failures found."""
     found = []
     start = time.monotonic()
     for count, seed in enumerate(seeds, 1):
         if budget_s is not None and time.monotonic() - start > budget_s:
             break
-        cfg = swarm_config(seed)
+        cfg = swarm_config(seed, reconfig)
         result = judge(cfg)
         if result["failures"]:
             entry = {"seed": seed, "failures": result["failures"], "config": config_to_json(cfg)}

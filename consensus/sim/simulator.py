@@ -50,6 +50,13 @@ ballot has one proposer, which proposes one value per instance),
 ``lost_acked`` (acknowledged commands that were not applied), ``duplicated``
 (commands applied twice), and that every result a client saw equals what a
 sequential replay of the executed order produces.
+
+Membership change (docs/membership.md): the fault ``("reconfig", node[, members])``
+has an admin client at ``node``'s site send the reconfiguration command that closes
+epoch 0. The epoch layer is not simulated: once every live replica has executed END
+the run is quiet, and the commands still unanswered are the epoch's unfinished ones.
+``check`` then also reports ``past_end``: O-slots above the END slot that some replica
+holds as committed (none may be chosen there).
 """
 
 from __future__ import annotations
@@ -164,6 +171,30 @@ class Client:
     active: bool = True
     history: list = field(default_factory=list)  # (t_invoke, t_complete, op, result, acked)
     seen: dict = field(default_factory=dict)  # key -> last value seen (CAS workload)
+    admin: bool = False  # sends one command (a reconfiguration), then stops
+
+
+def kv_history(events: list, end_time: int) -> list:
+    """Key-value client events as jepsen_like ops (the KV model: value ``(key, v)``).
+
+    ``events`` are ``(time, phase, process, op, result)``: phase 1 an invocation, 0 its
+    completion, 2 a command still unanswered at the end (reported as ``info`` at
+    ``end_time``). A client's next command starts the instant its last one completes, so
+    completions (0) sort before invocations (1) at equal times; unfinished ones last. A
+    cas answered False did not happen (Jepsen records it as ``fail``)."""
+    from jepsen_like.history import Op
+
+    ops: list = []
+    for t, phase, process, op, result in sorted(events, key=lambda e: (e[0], e[1], e[2])):
+        if op[0] == "cas":
+            f, value = "cas", (op[1], (op[2], op[3]))
+            kind = "invoke" if phase == 1 else ("ok" if result is True else "fail") if phase == 0 else "info"
+        else:
+            f = "get" if op[0] == "get" else "put"
+            kind = "invoke" if phase == 1 else "ok" if phase == 0 else "info"
+            value = (op[1], (result if phase == 0 else None) if f == "get" else op[2])
+        ops.append(Op(len(ops), end_time if phase == 2 else t, process, kind, f, value))
+    return ops
 
 
 class Simulation:
@@ -670,10 +701,12 @@ class Simulation:
                 client.seen[op[1]] = result
             elif op[0] == "put" or (op[0] == "cas" and result is True):
                 client.seen[op[1]] = op[-1]
+        client.op = None
+        if client.admin:
+            return
         site = client.site
         self.latency_us[site].append(self.now - client.t_send)
         self.commit_times[site].append(self.now)
-        client.op = None
         self._client_next(client)
 
     def _on_client_timeout(self, cid: int, seq: int, attempt: int) -> None:
@@ -765,7 +798,11 @@ class Simulation:
         return self
 
     def quiet(self) -> bool:
-        """Load stopped, every client answered, live replicas executed the same log."""
+        """Load stopped, every client answered, live replicas executed the same log
+        (or every live replica ended the epoch: what is unanswered stays so)."""
+        live = [i for i in range(self.n) if self.nodes[i] is not None]
+        if live and len(self.ended()) == len(live) and not any(t > self.now for t in self._pending_faults):
+            return True
         if any(c.op is not None for c in self.clients.values()):
             return False
         if any(t > self.now for t in self._pending_faults):
@@ -819,55 +856,45 @@ class Simulation:
             self.net.loss = args[0]
         elif name == "slow":
             self.slowness[args[0]] = float(args[1])
+        elif name == "reconfig":
+            self._reconfigure(args[0], list(args[1]) if len(args) > 1 else None)
         else:
             raise ValueError(f"unknown fault {name!r}")
+
+    def _reconfigure(self, site: int, members: list | None) -> None:
+        """An admin client at ``site`` asks to close epoch 0 (docs/membership.md)."""
+        from consensus.core.executor import RECONFIG
+
+        members = members or [f"r{i}" for i in range(self.n)]
+        cid = 900_000 + len([c for c in self.clients.values() if c.admin])
+        client = self.clients[cid] = Client(cid, site, target=site, admin=True)
+        client.seq = 1
+        client.op, client.needs_result = [RECONFIG, 0, members, members[0]], True
+        client.t_send = self.now
+        self.sent_ops[(cid, 1)] = client.op
+        self._client_send(client)
+
+    def ended(self) -> dict[int, int]:
+        """Live replicas that executed their epoch's END: node -> END slot."""
+        return {i: r.ended for i, r in enumerate(self.nodes) if r is not None and getattr(r, "ended", -1) >= 0}
 
     # --- results --------------------------------------------------------------------------
 
     def history_ops(self) -> list:
         """The client history as jepsen_like ops (KV model: value is ``(key, v)``)."""
-        from jepsen_like.history import Op
-
         if self._vcs:
             raise ValueError("history_ops and linearizable model the kv machine only")
-        ops = []
-        index = 0
-
-        def add(t, cid, kind, f, value):
-            nonlocal index
-            ops.append(Op(index, t, cid, kind, f, value))
-            index += 1
-
-        # A client's next command starts the instant its last one completes: order
-        # completions (0) before invocations (1) at equal times; unfinished ones last (2).
         events = []
         for client in self.clients.values():
+            if client.admin:
+                continue  # a reconfiguration: no key-value operation
             for t0, t1, op, result, _ok in client.history:
                 events.append((t0, 1, client.cid, op, None))
                 events.append((t1, 0, client.cid, op, result))
             if client.op is not None:
                 events.append((client.t_send, 1, client.cid, client.op, None))
                 events.append((10**18, 2, client.cid, client.op, None))
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
-        for t, phase, cid, op, result in events:
-            if op[0] == "cas":
-                # A cas that answered False did not happen (Jepsen records it as fail).
-                value = (op[1], (op[2], op[3]))
-                if phase == 1:
-                    add(t, cid, "invoke", "cas", value)
-                elif phase == 0:
-                    add(t, cid, "ok" if result is True else "fail", "cas", value)
-                else:
-                    add(self.now, cid, "info", "cas", value)
-                continue
-            f = "get" if op[0] == "get" else "put"
-            if phase == 1:
-                add(t, cid, "invoke", f, (op[1], None if f == "get" else op[2]))
-            elif phase == 0:
-                add(t, cid, "ok", f, (op[1], result if f == "get" else op[2]))
-            else:
-                add(self.now, cid, "info", f, (op[1], None if f == "get" else op[2]))
-        return ops
+        return kv_history(events, self.now)
 
     def linearizable(self, timeout_s: float = 60.0):
         """True, False or None (checker budget ran out) for the client history."""
@@ -983,9 +1010,16 @@ class Simulation:
                 state = replica.executor.snapshot()
                 if states.setdefault(replica.exec_slot, state) != state:
                     disagreements += 1
+        ends = [r.ended for r in self.all_replicas if getattr(r, "ended", -1) >= 0]
+        past_end = 0
+        if ends:
+            end = min(ends)
+            past_end = sum(1 for r in self.all_replicas for j, s in r.oslots.items() if j > end and s.committed)
+            disagreements += len(set(ends)) - 1
         return {
             "consistent": consistent,
             "agreement": disagreements == 0 and not self.ballot_conflicts,
+            "past_end": past_end,
             "lost_acked": len(lost),
             "duplicated": applied_twice,
             "wrong_results": len(wrong),
@@ -1019,6 +1053,9 @@ class Simulation:
             extra["snapshots_installed"] = self.snapshots_installed
         if self.cfg.faults:
             extra["stall_ms"] = self.stall_ms()
+        if checks["past_end"] or self.ended():
+            extra["epoch_end"] = sorted(set(self.ended().values()))
+            extra["past_end"] = checks["past_end"]
         if self.sim_disks is not None:
             extra["disk_syncs"] = sum(d.syncs for d in self.sim_disks)
             extra["disk_records_lost"] = sum(d.lost for d in self.sim_disks)

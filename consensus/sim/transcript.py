@@ -34,7 +34,8 @@ from typing import Any
 
 import msgpack
 
-from consensus.core.config import NOCL, ProtocolConfig, ballot_owner, ballot_round
+from consensus.core.config import END, NOCL, ProtocolConfig, ballot_owner, ballot_round
+from consensus.core.executor import RECONFIG
 from consensus.core.messages import decode_envelope, encode_envelope
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.replica import ALIVE
@@ -54,6 +55,8 @@ def vb(x: int) -> str:
 
 
 def op_text(op: Any) -> str:
+    if type(op) is list and op and op[0] == RECONFIG:
+        return f"reconfig epoch={op[1]} members={' '.join(op[2])} sequencer={op[3]}"
     return " ".join(str(a) for a in op) if type(op) is list else repr(op)
 
 
@@ -64,7 +67,7 @@ def cmds_text(cmds: list | None) -> str:
 
 
 def leader_text(x: int) -> str:
-    return "nocl" if x == NOCL else f"R{x}"
+    return "nocl" if x == NOCL else "END" if x == END else f"R{x}"
 
 
 def _value(name: str, v: Any, msg: Any) -> str:
@@ -303,7 +306,8 @@ class Cluster:
             ids = tuple((c[0], c[1]) for c in ex.cmds) if ex.cmds else ()
             label = tuple(ex.label)
             out.append(f"{indent}R{r} executes slot {ex.slot}: " + (
-                "nocl" if label[0] == NOCL else f"R{label[0]}.{label[1]} {cmds_text(ex.cmds)}"))
+                "nocl" if label[0] == NOCL else "END: the epoch is over here" if label[0] == END
+                else f"R{label[0]}.{label[1]} {cmds_text(ex.cmds)}"))
             seen = self.exec_map.setdefault(ex.slot, (label, ids))
             if seen != (label, ids) and ("exec", ex.slot) not in self._flagged:
                 self._flagged.add(("exec", ex.slot))
@@ -321,7 +325,7 @@ class Cluster:
     @staticmethod
     def _exec_text(entry: tuple) -> str:
         label, ids = entry
-        return ("nocl" if label[0] == NOCL else f"R{label[0]}.{label[1]}") + (
+        return ("nocl" if label[0] == NOCL else "END" if label[0] == END else f"R{label[0]}.{label[1]}") + (
             " [" + " ".join(f"c{c}" for c, _ in ids) + "]" if ids else " no-op")
 
     def _note_chosen(self, r: int) -> None:
@@ -338,6 +342,11 @@ class Cluster:
             for j, s in rep.log.items():
                 if s.committed:
                     self._chosen(("M", j), cmds_text(s.batch), r, f"slot {j}")
+
+    def _violation(self, key: tuple, text: str) -> None:
+        if key not in self._flagged:
+            self._flagged.add(key)
+            self.violations.append(text)
 
     def _chosen(self, key: tuple, value: str, r: int, what: str) -> None:
         seen = self.chosen.setdefault(key, value)
@@ -420,6 +429,8 @@ class Cluster:
         if self.net:
             return False
         live = [r for r in self.reps if r is not None]
+        if live and all(getattr(rep, "ended", -1) >= 0 for rep in live):
+            return True  # the epoch is over everywhere: what is unanswered stays so
         if any(o.done < 0 and self.reps[o.replica] is not None and self.incarnation[o.replica] == o.incarnation
                for o in self.ops):
             return False
@@ -528,6 +539,14 @@ class Cluster:
             raise CommandError("propose R op...")
         r, op = self._rid(args[0]), list(args[1:])
         self._invoke(r, op, lambda rep, c: rep.propose(c, 1, op, needs_result=op[0] != "put"), out)
+
+    def do_reconfig(self, args: list, out: list) -> None:
+        """reconfig R NAME NAME NAME...: ask at R to close epoch 0 with these members (the
+        first is the next sequencer; docs/membership.md)."""
+        if len(args) < 2:
+            raise CommandError("reconfig R member...")
+        r, op = self._rid(args[0]), [RECONFIG, 0, list(args[1:]), args[1]]
+        self._invoke(r, op, lambda rep, c: rep.propose(c, 1, op, needs_result=True), out)
 
     def do_read(self, args: list, out: list) -> None:
         """read R K: a lease read of K at R (through the sequencer's lease when it has one)."""
@@ -779,10 +798,22 @@ class Cluster:
         for r in range(self.n):
             if self.reps[r] is not None:
                 self._note_chosen(r)
+        ends = sorted({rep.ended for rep in self.reps if rep is not None and getattr(rep, "ended", -1) >= 0})
+        if ends:
+            end = ends[0]
+            for key in sorted(k for k in self.chosen if k[0] == "O" and k[1] > end):
+                self._violation(key, f"O-slot {key[1]} chosen after the END at slot {end}")
+            executed = {i for label, ids in self.exec_map.values() for i in ids}
+            for o in self.ops:
+                if o.done >= 0 and o.op[0] not in ("get", RECONFIG) and (o.client, 1) not in executed:
+                    self._violation(("lost", o.client), f"c{o.client} was answered and the epoch ended without it")
         if self.violations:
             out.extend("VIOLATION " + v for v in self.violations)
         else:
             out.append(f"agreement: ok ({len(self.exec_map)} slots executed, {len(self.chosen)} values chosen)")
+        if ends:
+            who = " ".join(f"R{r}" for r, rep in enumerate(self.reps) if rep is not None and getattr(rep, "ended", -1) >= 0)
+            out.append(f"epoch: END at slot {', '.join(map(str, ends))} ({who})")
         result = self._linearizable()
         verdict = result.linearizable
         out.append("linearizable: " + {True: "yes", False: "NO", None: "unknown"}[verdict]
@@ -800,6 +831,8 @@ class Cluster:
 
         events = []
         for o in self.ops:
+            if o.op[0] == RECONFIG:
+                continue  # no key-value operation
             events.append((o.invoked, 0, o, "invoke"))
             if o.done >= 0:
                 events.append((o.done, 1, o, "ok"))
@@ -817,7 +850,7 @@ class Cluster:
                 f, value = "put", (key, o.op[2])
             hist.append(Op(len(hist), t, o.client, kind, f, value))
         for o in self.ops:
-            if o.done < 0:
+            if o.done < 0 and o.op[0] != RECONFIG:
                 f = "get" if o.op[0] == "get" else o.op[0]
                 value = (o.op[1], (o.op[2], o.op[3])) if f == "cas" else (o.op[1], None if f == "get" else o.op[2])
                 hist.append(Op(len(hist), self.step + 1, o.client, "info", f, value))

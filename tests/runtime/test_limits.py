@@ -69,3 +69,25 @@ async def test_invalid_commands_are_refused_before_the_log(make_cluster):
         assert st["exec_slot"] == before  # nothing entered the log
         await s.put("k", "fine")
         assert await s.get("k") == "fine"
+
+
+async def test_a_membership_change_command_is_refused_before_the_log(make_cluster):
+    """The core closes its epoch on a reconfiguration command (docs/membership.md), and
+    this runtime cannot start the next epoch yet: any machine's replica refuses the
+    command before the log, so no client can stop a cluster with it."""
+    from consensus.core.executor import RECONFIG
+    from store.client import CellarError
+
+    cluster = make_cluster(3)
+    cluster.start_all()
+    await cluster.await_ready()
+    async with CellarClient(cluster.client_addresses, timeout_s=5.0, deadline_s=30.0) as cellar:
+        await committing(cellar)
+        s = cellar.session(node=0)
+        before = (await cellar.status(0))["exec_slot"]
+        with pytest.raises(CellarError, match="membership change is not served"):
+            await s.call([RECONFIG, 0, ["a", "b", "c"], "a"])
+        st = await cellar.status(0)
+        assert st["exec_slot"] == before and st["stats"]["refused_invalid"] == 1
+        await s.put("k", "still serving")
+        assert await s.get("k") == "still serving"
