@@ -171,8 +171,10 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
     # Hypothesis draws from --hypothesis-seed only when not derandomized (tests/conftest.py's
     # default "ci" profile is): each run explores its own seed.
     env["CELLAR_HYPOTHESIS"] = "explore"
+    # -n 0: one process, as before pyproject's addopts took pytest-xdist's -n 2; --jobs is
+    # this tool's parallelism, and -x's first failure stays the same test from run to run.
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_mutant_guard", "-rfE",
-           f"--hypothesis-seed={seed}"]
+           "-n", "0", f"--hypothesis-seed={seed}"]
     if not keep_going:
         cmd.append("-x")
     if suite == "long":

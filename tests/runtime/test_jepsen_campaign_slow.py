@@ -12,7 +12,9 @@ import pytest
 from jepsen_like.nemesis import iptables_available
 from jepsen_like.runner import VALID, RunSpec, run_test
 
-pytestmark = pytest.mark.slow
+# xdist_group: one worker for every cluster on 127.0.0.20-22 (jepsen_like.db), which
+# the partition nemesis cuts with iptables (tests/runtime/test_nemesis.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback-hosts")]
 
 
 def _all() -> list[str]:

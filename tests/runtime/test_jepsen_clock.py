@@ -23,6 +23,10 @@ from consensus.sim.search import SKEW_MAX
 from jepsen_like.nemesis import CLOCKS, clock_skews, rate_of, schedule
 from jepsen_like.runner import VALID, RunSpec, run_test
 
+# Under xdist, on one worker: these clusters listen on 127.0.0.20-22 (jepsen_like.db)
+# and the nemesis' iptables rules cut those addresses, so no two may run at once.
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
 
 def test_the_clock_runs_at_the_files_rate_and_never_jumps(tmp_path):
     path = str(tmp_path / "clock")

@@ -27,6 +27,10 @@ from jepsen_like.disk import can_mount, flip_byte, tear_tail, unflip, vouched_en
 from jepsen_like.nemesis import DiskNemesis
 from jepsen_like.runner import VALID, RunSpec, run_test
 
+# Under xdist, on one worker: these clusters listen on 127.0.0.20-22 (jepsen_like.db)
+# and the nemesis' iptables rules cut those addresses, so no two may run at once.
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
 
 def _wal(tmp_path, records: int, segment_bytes_max: int = 1 << 20) -> str:
     d = tmp_path / "node"

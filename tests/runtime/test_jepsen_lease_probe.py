@@ -27,7 +27,10 @@ from consensus.sim.search import SKEW_MAX
 from jepsen_like.lease_probe import probe
 from jepsen_like.nemesis import iptables_available, rate_of
 
-pytestmark = pytest.mark.skipif(iptables_available() is not None, reason=f"needs iptables: {iptables_available()}")
+# xdist_group: one worker for every cluster on 127.0.0.20-22 (jepsen_like.db), which
+# the probe's iptables rules cut (tests/runtime/test_nemesis.py).
+pytestmark = [pytest.mark.skipif(iptables_available() is not None, reason=f"needs iptables: {iptables_available()}"),
+              pytest.mark.xdist_group("loopback-hosts")]
 
 
 async def test_within_the_drift_bound_the_isolated_sequencer_serves_no_stale_read(tmp_path):

@@ -16,6 +16,10 @@ import pytest
 
 from jepsen_like.runner import VALID, RunSpec, run_test
 
+# Under xdist, on one worker: these clusters listen on 127.0.0.20-22 (jepsen_like.db)
+# and the nemesis' iptables rules cut those addresses, so no two may run at once.
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
 
 def _ok(r: dict) -> None:
     assert r["verdict"] == VALID, json.dumps({k: v for k, v in r.get("checks", {}).items() if k != "final_reads"},

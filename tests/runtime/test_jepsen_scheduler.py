@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from jepsen_like.history import Op
 from jepsen_like.runner import VALID, RunSpec, run_test
 from jepsen_like.scheduler_workload import check_scheduler
+
+# Under xdist, on one worker: these clusters listen on 127.0.0.20-22 (jepsen_like.db)
+# and the nemesis' iptables rules cut those addresses, so no two may run at once.
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
 
 N0 = [["node-0", 0], ["node-0", 1]]
 N1 = [["node-1", 0], ["node-1", 1]]

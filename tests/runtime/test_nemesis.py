@@ -14,6 +14,10 @@ from jepsen_like.db import CellarDB
 from jepsen_like.nemesis import PARTITIONS, IptablesNet, ProcessNemesis, flap_pairs, iptables_available, partition_pairs, schedule
 from store.client import CellarClient
 
+# Under xdist, on one worker: these clusters listen on 127.0.0.20-22 (jepsen_like.db)
+# and the nemesis' iptables rules cut those addresses, so no two may run at once.
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
 WAIT_S = 30.0
 
 
