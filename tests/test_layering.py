@@ -29,6 +29,7 @@ ALLOWED_ABOVE = {
     "consensus/sim/simulator.py": {"jepsen_like.history", "jepsen_like.checker", "jepsen_like.models"},
     "consensus/sim/explorer.py": {"jepsen_like.history", "jepsen_like.checker", "jepsen_like.models"},
     "consensus/sim/transcript.py": {"jepsen_like.history", "jepsen_like.checker", "jepsen_like.models"},
+    "consensus/sim/membership.py": {"jepsen_like.history", "jepsen_like.checker", "jepsen_like.models"},
 }
 CHECKER_MODULES = ["jepsen_like/history.py", "jepsen_like/models.py", "jepsen_like/edn.py", *sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "jepsen_like" / "checker").glob("*.py"))]

@@ -47,8 +47,9 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 5  # 2: OAccept.serving, keepalive frames; 3: Vote.c_own; 4: Probe/Echo (issue 15);
-# 5: Multi-Paxos votes in chunks (Vote.c_max [start, upto]: a version-4 candidate would take a chunk for a whole vote)
+PROTOCOL_VERSION = 6  # 2: OAccept.serving, keepalive frames; 3: Vote.c_own; 4: Probe/Echo (issue 15);
+# 5: Multi-Paxos votes in chunks (Vote.c_max [start, upto]: a version-4 candidate would take a chunk for a whole vote);
+# 6: EpochNotice (membership change, docs/membership.md)
 MAX_FRAME_BYTES = 8 << 20
 FRAME_PREFIX_BYTES = 4
 _PREFIX = struct.Struct(">I")

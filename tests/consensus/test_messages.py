@@ -28,6 +28,7 @@ SAMPLES = [
     M.Vote(33, 9, [[10, 1, 0, False]], [3, -1, 2], 33, [3, -1, 1]),
     M.PreVote(65),
     M.PreVoteReply(65, True),
+    M.EpochNotice(-1, 3),
     M.Ping(33, 1234),
     M.Pong(33, 1234),
     M.RRequest(33, 7, "key"),
