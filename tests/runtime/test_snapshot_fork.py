@@ -136,6 +136,46 @@ async def test_a_stopping_node_ends_its_snapshot_child(tmp_path):
             await nd.stop()
 
 
+async def test_the_snapshot_child_runs_on_idle_cpu_then_is_promoted(tmp_path, monkeypatch):
+    """The child shares its replica's scheduling group: it runs in the idle class (the
+    loop preempts it at once), and one that has not finished after SNAPSHOT_IDLE_S
+    (the machine never idled) goes on at nice 10, so that a snapshot still comes."""
+    import consensus.runtime.node as node_mod
+
+    if not hasattr(os, "SCHED_IDLE"):
+        return  # not Linux: the child is only reniced (snapshot_child_priority)
+    monkeypatch.setattr(node_mod, "SNAPSHOT_IDLE_S", 0.5)
+    nodes = _nodes(tmp_path, snapshot_every=0)
+    gate = tmp_path / "go"
+    node = nodes[0]
+    take = node.replica.take_snapshot
+
+    def held_take_snapshot():  # in the child: wait at the gate (bounded)
+        deadline = time.monotonic() + WAIT_S
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return take()
+
+    node.replica.take_snapshot = held_take_snapshot
+    for nd in nodes:
+        await nd.start()
+    try:
+        await _put(node, 1, "k", "v")
+        await _until(lambda: node.replica.exec_slot <= node.replica.o_committed, "a quiet moment")
+        assert node._admin_snapshot(["snapshot_take"])[1] == {"started": True}
+        child = node._snap_child
+        await _until(lambda: os.sched_getscheduler(child) == os.SCHED_IDLE
+                     or node.stats["snapshot_child_promoted"], "the child in the idle class")
+        await _until(lambda: node.stats["snapshot_child_promoted"] == 1, "the promotion")
+        assert os.sched_getscheduler(child) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, child) == 10
+        gate.touch()
+        await _until(lambda: node.stats["snapshots_taken"] == 1, "the snapshot stored")
+        assert node._snap_promote is None and node.failure is None
+    finally:
+        for nd in nodes:
+            await nd.stop()
+
+
 def test_the_steady_run_reports_pauses_view_changes_and_snapshots():
     """``cellar steady`` smoke: a short run on real replicas (the 10-minute figures are
     in docs/runtime.md). Wall-clock pauses are not asserted here (on a shared 2-core
