@@ -138,9 +138,12 @@ def _row(st: dict) -> dict:
     """The fields an operator reads first, from one replica's status."""
     if "error" in st:
         return {"endpoint": st["endpoint"], "error": st["error"]}
+    if st.get("retired"):
+        return {"endpoint": st["endpoint"], "role": "removed", "member": st.get("name"), "epoch": st.get("epoch")}
     lead = st.get("sequencer", st.get("leader"))
     return {
-        "endpoint": st["endpoint"], "id": st.get("id"), "protocol": st.get("protocol"),
+        "endpoint": st["endpoint"], "id": st.get("id"), "member": st.get("member"), "epoch": st.get("epoch"),
+        "protocol": st.get("protocol"),
         "role": "sequencer" if lead == st.get("id") else "replica", "view": st.get("view"), "sequencer": lead,
         "phase": st.get("phase"), "lease": st.get("lease"), "exec_slot": st.get("exec_slot"),
         "digest": (st.get("digest") or "")[:12], "connected": st.get("connected"),
@@ -173,7 +176,7 @@ async def status(endpoints: str, as_json: bool, timeout_s: float) -> int:
         from rich.table import Table
 
         table = Table(title="Cellar replicas")
-        cols = ["endpoint", "id", "role", "view", "sequencer", "phase", "lease", "exec_slot", "digest", "connected",
+        cols = ["endpoint", "id", "member", "epoch", "role", "view", "sequencer", "phase", "lease", "exec_slot", "digest", "connected",
                 "loop_lag_max_ms_60s", "asks"]
         for c in cols:
             table.add_column(c.replace("loop_lag_max_ms_60s", "lag ms (60 s)").replace("asks", "asks (round trip)"))
@@ -183,8 +186,8 @@ async def status(endpoints: str, as_json: bool, timeout_s: float) -> int:
             else:
                 table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
         Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table)
-        digests = {r["digest"] for r in rows if "error" not in r}
-        slots = {r["exec_slot"] for r in rows if "error" not in r}
+        digests = {r.get("digest") for r in rows if "error" not in r and r.get("role") != "removed"}
+        slots = {r.get("exec_slot") for r in rows if "error" not in r and r.get("role") != "removed"}
         if len(slots) == 1 and len(digests) == 1:
             click.echo("every answering replica holds the same state")
     return 1 if all("error" in r for r in rows) else 0

@@ -476,7 +476,13 @@ class Session:
             try:
                 return await cellar.call_once(self.node, kind, self.client_id, seq, op)
             except CellarError as e:
-                if not str(e).startswith("busy"):
+                text = str(e)
+                if text.startswith("moved"):  # a removed member: the others have the cluster
+                    if len(cellar.addresses) == 1:
+                        raise
+                    self.node = (self.node + 1) % len(cellar.addresses)
+                    self.retries += 1
+                elif not text.startswith("busy"):
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(0.5, backoff * 2)

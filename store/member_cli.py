@@ -1,24 +1,36 @@
-"""``cellar member list``: the cluster's members as the replicas see them (issue 13).
+"""``cellar member list|add|remove``: the cluster's members (issue 13).
 
-Each replica knows the whole membership (its ``--peers``, fixed at start: online
-add/remove/replace is not built yet, see docs/operations.md); this asks every
-endpoint and prints one row per member id: the peer address the replicas hold for it,
-whether it answers, its role and how far it has executed. Members that no endpoint
-answers for are listed from the others' view (``peers`` in their status).
+``list`` asks every endpoint and prints one row per member id: the peer address the
+replicas hold for it, whether it answers, its role and how far it has executed.
+Members that no endpoint answers for are listed from the others' view (``peers`` in
+their status).
+
+``add NAME=HOST:PORT --client HOST:PORT`` and ``remove NAME`` change the members
+through the log (docs/membership.md): the current members are read from the
+endpoints (each replica's own entry: name, peer and client address), the new list is
+proposed as one admin request (``["reconfig", members, sequencer]``, the admin
+certificate with TLS), which closes the epoch; every member then moves to the next.
+``add`` first needs the new member running: ``cellar serve --join ENDPOINT --name
+NAME --listen HOST:PORT --client HOST:PORT --data-dir DIR`` (it waits for the
+members to name it); ``add`` then waits, bounded, until it serves the new epoch.
+Removing the sequencer names another member sequencer of the next epoch. A replaced
+machine is ``add`` of the new one, then ``remove`` of the old (or the other order).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import click
 
-from store.admin_cli import CLIError, _options, _run, _statuses, parse_endpoints
+from store.admin_cli import CLIError, _options, _run, _statuses, client_tls, parse_endpoints
 
 
 @click.group("member")
 def member() -> None:
-    """The cluster's members (list; add/remove/replace are not built yet)."""
+    """The cluster's members: list, add, remove."""
 
 
 @member.command("list")
@@ -54,4 +66,177 @@ async def list_members(endpoints: str, as_json: bool, timeout_s: float) -> int:
         click.echo(f"{r['id']:>3}  {str(r['peer'] or '?'):24} {'yes' if r['reachable'] else 'NO':9} "
                    f"{str(r['role'] or '-'):9} {str(r['view'] if r['view'] is not None else '-'):>6} "
                    f"{str(r['exec_slot'] if r['exec_slot'] is not None else '-'):>10}  {r['endpoint'] or '-'}")
+    return 0
+
+
+async def _epochs(addresses: list, timeout_s: float) -> list[dict]:
+    """Each endpoint's ``["epoch"]`` answer (or its error)."""
+    from consensus.runtime import clientwire
+    from store.client import CellarClient
+
+    async with CellarClient(addresses, timeout_s=timeout_s, connect_timeout_s=timeout_s, **client_tls()) as cellar:
+        async def one(i: int) -> dict:
+            try:
+                return await cellar.call_once(i, clientwire.ADMIN, f"member-{time.time_ns()}", 1, ["epoch"])
+            except Exception as e:
+                return {"error": f"{type(e).__name__}: {e}", "endpoint": "%s:%d" % addresses[i]}
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(addresses)))))
+
+
+async def _current(addresses: list, timeout_s: float) -> tuple[int, list[str], str | None, list[dict]]:
+    """The newest epoch the endpoints serve: its number, its members (each with its
+    client address where a member reported it) and its sequencer."""
+    answers = await _epochs(addresses, timeout_s)
+    live = [a for a in answers if "error" not in a and not a.get("retired")]
+    if not live:
+        raise CLIError("no member answered: " + "; ".join(a.get("error", "removed") for a in answers))
+    epoch = max(a["epoch"] for a in live)
+    live = [a for a in live if a["epoch"] == epoch]
+    own = {a["name"]: a["member"] for a in live}
+    members = [own.get(m.partition("=")[0], m) for m in live[0]["members"]]
+    seq = live[0].get("sequencer")
+    sequencer = next((m for m in members if seq and m.partition("=")[0] == seq.partition("=")[0]), None)
+    return epoch, members, sequencer, answers
+
+
+async def _propose(addresses: list, members: list[str], sequencer: str, epoch: int, timeout_s: float,
+                   wait_s: float) -> dict:
+    from consensus.runtime import clientwire
+    from store.client import CellarClient, CellarError
+
+    t0 = time.monotonic()
+    async with CellarClient(addresses, timeout_s=max(timeout_s, 5.0), connect_timeout_s=timeout_s,
+                            **client_tls()) as cellar:
+        last = None
+        for i in range(len(addresses)):
+            try:
+                result = await cellar.call_once(i, clientwire.ADMIN, f"member-{time.time_ns()}", 1,
+                                                ["reconfig", members, sequencer])
+            except CellarError as e:
+                if str(e).startswith(("busy", "moved")):
+                    last = e
+                    continue
+                raise CLIError(str(e)) from None
+            except (OSError, TimeoutError, asyncio.TimeoutError, ConnectionError) as e:
+                last = e
+                continue
+            if not result.get("ok"):
+                raise CLIError(f"refused: {result.get('error')}")
+            break
+        else:
+            raise CLIError(f"no member took the change: {last}")
+    # Wait until a member of the new list serves the next epoch.
+    deadline = t0 + wait_s
+    from consensus.runtime.membership import client_of
+
+    targets = [client_of(m) for m in members if client_of(m) is not None]
+    while True:
+        answers = await _epochs(targets or addresses, min(timeout_s, 1.0))
+        serving = [a for a in answers if "error" not in a and a.get("epoch", -1) > epoch]
+        if len(serving) > len(members) // 2:
+            break
+        if time.monotonic() > deadline:
+            raise CLIError(f"the change to epoch {epoch + 1} is in the log, but a majority of its members did not "
+                           f"report serving it within {wait_s:g} s (cellar member list to follow it)")
+        await asyncio.sleep(0.05)
+    return {"ok": True, "epoch": epoch + 1, "members": members, "sequencer": sequencer,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _report(result: dict, as_json: bool, what: str) -> None:
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+    else:
+        click.echo(f"{what}: epoch {result['epoch']}, {len(result['members'])} members "
+                   f"({', '.join(m.partition('=')[0] for m in result['members'])}), sequencer "
+                   f"{result['sequencer'].partition('=')[0]}, in {result['seconds']} s")
+
+
+def _entries(new: tuple, client: str | None) -> list[str]:
+    """NEW arguments -> full member entries (NAME=HOST:PORT,CLIENTHOST:CLIENTPORT)."""
+    from consensus.runtime.membership import MembershipError, client_of, member_entry, parse_member
+    from store.server import parse_address
+
+    out = []
+    try:
+        for text in new:
+            name, host, port = parse_member(text)
+            if client_of(text) is None:
+                if client is None or len(new) > 1:
+                    raise MembershipError(f"{text}: give its client address (NAME=HOST:PORT,CLIENTHOST:CLIENTPORT, "
+                                          "or --client with one member)")
+                out.append(member_entry(name, (host, port), parse_address(client, "--client")))
+            else:
+                out.append(text)
+    except Exception as e:
+        raise click.BadParameter(str(e), param_hint="NEW") from None
+    return out
+
+
+async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str], drop: tuple) -> dict:
+    addresses = parse_endpoints(endpoints)
+    epoch, members, sequencer, _ = await _current(addresses, timeout_s)
+    names = [m.partition("=")[0] for m in members]
+    for d in drop:
+        if d not in names:
+            raise CLIError(f"{d} is not a member of epoch {epoch} ({', '.join(names)})")
+    for a in add:
+        if a.partition("=")[0] in names and a.partition("=")[0] not in drop:
+            raise CLIError(f"{a.partition('=')[0]} is already a member of epoch {epoch}")
+    new = [m for m in members if m.partition("=")[0] not in drop] + add
+    if len(new) < 3 or len(new) % 2 == 0:
+        raise CLIError(f"that leaves {len(new)} members: a configuration has an odd number, at least 3 "
+                       "(add or remove two at once, or replace one)")
+    if sequencer is None or sequencer.partition("=")[0] in drop:
+        sequencer = new[0]
+    return await _propose(addresses, new, sequencer, epoch, timeout_s, wait_s)
+
+
+_WAIT = click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+                     help="Seconds to wait until a majority of the new members serve the next epoch.")
+
+
+@member.command("add")
+@click.argument("new", nargs=-1, required=True)
+@click.option("--client", "client", metavar="HOST:PORT", help="The new member's client address (one NEW).")
+@_WAIT
+@_options
+@_run("cellar member add")
+async def add(new: tuple, client: str | None, wait_s: float, endpoints: str, as_json: bool, timeout_s: float) -> int:
+    """Add members NEW... (NAME=HOST:PORT[,CLIENTHOST:CLIENTPORT]: the peer and client
+    addresses), each started first with ``cellar serve --join``. Members come in odd
+    numbers: 3 -> 5 adds two at once."""
+    result = await _change(endpoints, timeout_s, wait_s, _entries(new, client), ())
+    _report(result, as_json, "added " + ", ".join(n.partition("=")[0] for n in new))
+    return 0
+
+
+@member.command("remove")
+@click.argument("names", nargs=-1, required=True)
+@_WAIT
+@_options
+@_run("cellar member remove")
+async def remove(names: tuple, wait_s: float, endpoints: str, as_json: bool, timeout_s: float) -> int:
+    """Remove members NAMES... (5 -> 3 removes two; the sequencer too: another member
+    becomes the next epoch's sequencer). A removed process retires: it refuses
+    writes, even restarted."""
+    result = await _change(endpoints, timeout_s, wait_s, [], names)
+    _report(result, as_json, "removed " + ", ".join(names))
+    return 0
+
+
+@member.command("replace")
+@click.argument("old")
+@click.argument("new")
+@click.option("--client", "client", metavar="HOST:PORT", help="The new member's client address.")
+@_WAIT
+@_options
+@_run("cellar member replace")
+async def replace(old: str, new: str, client: str | None, wait_s: float, endpoints: str, as_json: bool,
+                  timeout_s: float) -> int:
+    """Replace member OLD (e.g. a dead machine) by NEW (NAME=HOST:PORT, started with
+    ``cellar serve --join``) in one change."""
+    result = await _change(endpoints, timeout_s, wait_s, _entries((new,), client), (old,))
+    _report(result, as_json, f"replaced {old} by {new.partition('=')[0]}")
     return 0

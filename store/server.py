@@ -56,6 +56,7 @@ with data under one folder, prints where each listens, and stops them on Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -276,14 +277,211 @@ def install_test_core_fault(replica: Any, spec: str) -> None:
     setattr(replica, call, faulty)  # shadows the method on this instance only
 
 
+class _Lifetime:
+    """What outlives one epoch's node in ``run_node``: the stop request, the node now
+    serving, and the base a notice told us to move to."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.node: Node | None = None
+        self.moved_to: Any = None  # an EpochBase newer than the node's epoch
+        self.ready_written = False
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.node is not None:
+            asyncio.get_running_loop().create_task(self.node.stop())
+
+
+def epoch_config(cfg: NodeConfig, base: Any, name: str) -> NodeConfig:
+    """``cfg`` for epoch ``base.epoch`` (membership.py): our index among its members,
+    their peer addresses, the epoch's data dir and cluster id."""
+    from consensus.runtime import membership
+
+    store = membership.EpochStore(cfg.data_dir)
+    names = [membership.member_name(m) for m in base.members]
+    if name not in names:
+        raise NodeError(f"{name} is not a member of epoch {base.epoch} ({', '.join(base.members)})")
+    peers = {}
+    for i, m in enumerate(base.members):
+        _n, host, port = membership.parse_member(m)
+        peers[i] = (host, port)
+    me = names.index(name)
+    ecfg = dataclasses.replace(cfg, node_id=me, peers=peers, data_dir=store.epoch_dir(base.epoch),
+                               cluster_id=membership.epoch_cluster_id(cfg.cluster_id, base.epoch),
+                               initial_sequencer=base.members.index(base.sequencer), epoch=base.epoch,
+                               members=tuple(base.members), epoch_base=base.pack(), extra=dict(cfg.extra))
+    return ecfg
+
+
 async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     """Run until stopped: 0 after SIGTERM/SIGINT, or the one-line reason the node
-    stopped on its own."""
+    stopped on its own. One node per epoch (consensus/runtime/membership.py): when the
+    cluster's members change, this process's node of the ended epoch stops and one of
+    the next starts, on the same ports; removed, the process retires."""
+    from consensus.runtime import membership
+
+    name = cfg.extra.get("name") or str(cfg.node_id)
+    store = membership.EpochStore(cfg.data_dir)
+    life = _Lifetime()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, life.stop)
+    try:
+        removed = store.removed()
+        base = store.current()
+    except (OSError, ValueError) as e:
+        raise NodeError(f"data dir {cfg.data_dir}: unreadable membership state: {e}") from None
+    if removed is None and base is None and cfg.extra.get("join"):
+        base = await _join(cfg, name, life)
+        if base is None:
+            return 0  # stopped while waiting
+        store.store(base)
+    if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
+        store.mark_removed(base)  # a crash between storing the base that left us out and this
+        removed = base
+    prev_members: tuple = ()
+    while removed is None:
+        ecfg = cfg if base is None else epoch_config(cfg, base, name)
+        outcome = await _run_epoch(ecfg, ready_file, life, prev_members)
+        if type(outcome) is not membership.EpochBase:
+            return outcome
+        prev_members = ecfg.member_list()
+        store.store(outcome)
+        store.drop_before(outcome.epoch)
+        if name not in [membership.member_name(m) for m in outcome.members]:
+            store.mark_removed(outcome)
+            removed = outcome
+            break
+        base = outcome
+        if life.stopping:
+            return 0
+    return await _retire(cfg, name, removed, ready_file, life)
+
+
+async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
+    """``serve --join HOST:PORT``: ask that replica for its epoch's base until one names
+    us (the operator's ``cellar member add`` comes after this starts); None if stopped."""
+    from consensus.runtime import membership
+
+    addrs = cfg.extra["join"]
+    ssl = _client_ssl(cfg)
+    sys.stderr.write(f"cellar serve: {name} waits to be added (asking {', '.join('%s:%d' % a for a in addrs)} "
+                     f"for the members)\n")
+    sys.stderr.flush()
+    while not life.stopping:
+        for addr in addrs:
+            try:
+                base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
+            except membership.MembershipError as e:
+                raise NodeError(str(e)) from None
+            if base is not None and name in [membership.member_name(m) for m in base.members]:
+                return base
+        await asyncio.sleep(0.2)
+    return None
+
+
+def _client_ssl(cfg: NodeConfig) -> Any:
+    """A client context for talking to other replicas' client ports (TLS on), as the
+    node itself: its certificate is the cluster's."""
+    if not cfg.tls:
+        return None
+    from consensus.transport import tls
+
+    return tls.peer_client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+
+
+async def _retire(cfg: NodeConfig, name: str, removed: Any, ready_file: str | None, life: _Lifetime) -> int:
+    """A removed member: its client port answers status and the base, and refuses the
+    rest with ``moved:`` until stopped (membership.RetiredPort)."""
+    from consensus.runtime import membership
+
+    loop = asyncio.get_running_loop()
+    host, port = cfg.client_address
+    ssl = None
+    if cfg.tls:
+        from consensus.transport import tls
+
+        ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    try:
+        server = await loop.create_server(lambda: membership.RetiredPort(removed, name, removed.epoch), host, port,
+                                          ssl=ssl)
+    except OSError as e:
+        raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
+    sys.stderr.write(f"cellar serve: {name} was removed from the cluster at epoch {removed.epoch} (members now "
+                     f"{', '.join(removed.members)}); it refuses writes, answers status on {host}:{port}, and "
+                     f"keeps its data in {cfg.data_dir} (delete it to reuse the dir)\n")
+    sys.stderr.flush()
+    _write_ready(ready_file, cfg, life)
+    try:
+        while not life.stopping:
+            await asyncio.sleep(0.1)
+    finally:
+        server.close()
+    return 0
+
+
+def _write_ready(ready_file: str | None, cfg: NodeConfig, life: _Lifetime) -> None:
+    if ready_file and not life.ready_written:
+        life.ready_written = True
+        tmp = ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
+        os.replace(tmp, ready_file)
+
+
+async def _notify(node: Node, targets: list[str], life: _Lifetime) -> None:
+    """Tell the members of this epoch and of the one before that it began (each until
+    it answers with this epoch or later): one that missed END fetches our base."""
+    from consensus.runtime import membership
+
+    cfg = node.cfg
+    ssl = _client_ssl(cfg)
+    me = list(cfg.client_address)
+    pending = {t for t in targets if membership.client_of(t) is not None}
+    while pending and not life.stopping and not node.stopped.is_set():
+        for t in list(pending):
+            try:
+                answer = await membership.ask(membership.client_of(t), ["epoch_notice", cfg.epoch, me], ssl=ssl)
+                if answer.get("epoch", -1) >= cfg.epoch or answer.get("retired"):
+                    pending.discard(t)
+            except (OSError, ConnectionError, TimeoutError, membership.MembershipError, AttributeError):
+                pass
+        await asyncio.sleep(0.5)
+
+
+async def _run_epoch(cfg: NodeConfig, ready_file: str | None, life: _Lifetime, prev_members: tuple) -> Any:
+    """One epoch's node, until stopped (0), failed (the reason) or the epoch ended (the
+    next epoch's base)."""
+    from consensus.runtime import membership
+
     fault = os.environ.get(TEST_CORE_FAULT_ENV)
     if fault:
         parse_test_core_fault(fault)  # a typo is a configuration error, before anything opens
     hived = load_hived_config(cfg.extra["hived_config"]) if cfg.machine == "scheduler" else None
     node = make_node(cfg)  # a scheduler starts empty: its config arrives through the log
+    life.node = node
+    ended: list = []
+
+    def on_end(base: Any) -> None:
+        ended.append(base)
+        asyncio.get_running_loop().create_task(node.stop())
+
+    async def adopt(epoch: int, addr: tuple) -> None:
+        try:
+            base = await membership.fetch_base(addr, ssl=_client_ssl(cfg), cluster_id=cfg.cluster_id.rpartition("@e")[0]
+                                               if cfg.epoch else cfg.cluster_id)
+        except membership.MembershipError as e:
+            log.warning("node %d: ignoring an epoch notice: %s", cfg.node_id, e)
+            return
+        if base is not None and base.epoch > cfg.epoch and not ended and node.epoch_ended is None:
+            log.info("node %d: epoch %d began without us (notice from %s:%d): moving on", cfg.node_id, base.epoch,
+                     addr[0], addr[1])
+            ended.append(base)
+            await node.stop()
+
+    node.on_epoch_end = on_end
+    node.on_epoch_notice = lambda epoch, addr: asyncio.get_running_loop().create_task(adopt(epoch, addr))
     node.open()
     if fault:
         install_test_core_fault(node.replica, fault)
@@ -324,23 +522,26 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
                 await service.stop()
                 await node.stop()
                 raise NodeError(f"cannot serve HTTP on {host}:{port}: {e.strerror or e}") from None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+    if life.stopping:
+        await node.stop()
+    notices = None
+    if cfg.epoch > 0:
+        mine = cfg.member_list()[cfg.node_id]
+        targets = [m for m in dict.fromkeys(cfg.member_list() + tuple(prev_members)) if m != mine]
+        notices = asyncio.get_running_loop().create_task(_notify(node, targets, life))
     st = node.replica.status()
     peer_host, peer_port = cfg.peers[cfg.node_id]
     client_host, client_port = cfg.client_address
     http = f", http {cfg.extra['http'][0]}:{cfg.extra['http'][1]}" if cfg.extra.get("http") else ""
-    sys.stderr.write(f"cellar serve: replica {cfg.node_id} of {len(cfg.peers)} ({cfg.protocol}, {cfg.machine}, "
+    epoch = f", epoch {cfg.epoch}" if cfg.epoch else ""
+    sys.stderr.write(f"cellar serve: replica {cfg.node_id} of {len(cfg.peers)}{epoch} ({cfg.protocol}, {cfg.machine}, "
                      f"fsync {cfg.fsync}): peers {peer_host}:{peer_port}, clients {client_host}:{client_port}{http}; "
                      f"data {cfg.data_dir}; recovered to slot {st.get('exec_slot', 0)}, view {st.get('view')}\n")
     sys.stderr.flush()
-    if ready_file:
-        tmp = ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"pid": os.getpid(), "client": list(cfg.client_address), "peer": list(cfg.peers[cfg.node_id])}, f)
-        os.replace(tmp, ready_file)
+    _write_ready(ready_file, cfg, life)
     await node.stopped.wait()
+    if notices is not None:
+        notices.cancel()
     if leases is not None:
         await leases.stop()
     if api is not None:
@@ -351,6 +552,8 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             raise NodeError(service.mismatch)
     if node._failed is not None:
         return node.failure or repr(node._failed)
+    if ended and not life.stopping:
+        return ended[0]
     return 0
 
 
@@ -404,19 +607,34 @@ def install_loop() -> None:
 @click.option("--early-send/--no-early-send", "early_send", default=None,
               help="SDPaxos: a command leader's accepts leave before its own record is durable "
                    "(default on; docs/early-send.md).")
+@click.option("--join", "join", help="A new member: ask these replicas (client HOST:PORT,...) for the cluster's "
+                                    "members until `cellar member add` names us (with --name, --listen, --client).")
+@click.option("--name", "name", help="This member's name (--join; default: its id).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--exit-with-parent", "parent_pid", type=int, hidden=True,
               help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, ready_file,
-          parent_pid, log_level) -> None:
+          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, join, name,
+          ready_file, parent_pid, log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     logging.basicConfig(level=getattr(logging, str(log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if join is not None:
+            if not (name and listen) or node_id is not None or peers is not None:
+                raise NodeError("--join needs --name and --listen (this member's peer address), and no --id or --peers")
+            from consensus.runtime.membership import MembershipError, parse_member
+
+            try:
+                parse_member(f"{name}={listen}")
+            except MembershipError as e:
+                raise NodeError(str(e)) from None
+            # A joiner never runs epoch 0: these peers are placeholders until the base
+            # it fetches names the members (run_node, _join).
+            node_id, peers = 0, f"0={listen},1=127.0.0.1:1,2=127.0.0.1:2"
         cfg = build_config(config_file, {
             "id": node_id, "listen": listen, "client": client, "peers": peers, "data_dir": data_dir,
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
@@ -424,6 +642,15 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
             "early_send": early_send,
         })
+        if join is not None:
+            from store.client import parse_addresses
+
+            try:
+                cfg.extra["join"] = parse_addresses(join)
+            except ValueError as e:
+                raise NodeError(f"--join {join}: {e}") from None
+        if name is not None:
+            cfg.extra["name"] = name
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))
     except NodeError as e:

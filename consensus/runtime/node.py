@@ -53,11 +53,12 @@ from typing import Any, Callable
 import msgpack
 
 from consensus.core.config import ProtocolConfig
-from consensus.core.executor import RECONFIG
+from consensus.core.epochs import EpochBase
+from consensus.core.executor import RECONFIG, check_reconfig
 from consensus.core.messages import RemoteProtocolError, decode_message, encode_message
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
-from consensus.runtime import clientwire
+from consensus.runtime import clientwire, membership
 from consensus.runtime.stalls import StallTracer, log_path, threshold_from_env
 from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
 from consensus.transport.tcp import PeerTransport
@@ -179,6 +180,12 @@ class NodeConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # Membership (consensus/runtime/membership.py): the epoch this node serves, its
+    # members (NAME=HOST:PORT, in replica order; empty: epoch 0's, named by id) and the
+    # packed base it started from (None in epoch 0).
+    epoch: int = 0
+    members: tuple = ()
+    epoch_base: bytes | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -202,7 +209,11 @@ class NodeConfig:
             recovery_ticks=ticks(self.election_ms),
             straggler_floor_ticks=ticks(self.straggler_floor_ms),
             early_send=self.early_send,
+            epoch=self.epoch,
         )
+
+    def member_list(self) -> tuple:
+        return self.members or membership.epoch0_members(self.peers)
 
     def validate(self) -> None:
         n = len(self.peers)
@@ -491,6 +502,13 @@ class Node:
         self.loop_lag = LoopLag()
         self._stall_tracer: StallTracer | None = None
         self._snap_promote: asyncio.TimerHandle | None = None
+        # Membership: the base of the next epoch once ours ended (END executed and
+        # everything before it durable and answered); the driver's callbacks.
+        self.epoch_ended: EpochBase | None = None
+        self._end_pending: tuple | None = None
+        self._end_check: asyncio.TimerHandle | None = None
+        self.on_epoch_end: Callable[[EpochBase], None] | None = None
+        self.on_epoch_notice: Callable[[int, tuple], None] | None = None
         self._snap_slot = 0
         self._snap_task: asyncio.Task | None = None
         self._snap_bytes: bytes | None = None  # our latest snapshot, as served to peers (version 2)
@@ -702,6 +720,8 @@ class Node:
         try:
             if self._stall_tracer is not None:
                 self._stall_tracer.stop()
+            if self._end_check is not None:
+                self._end_check.cancel()
             if self._tick_handle is not None:
                 self._tick_handle.cancel()
             if self._client_server is not None:
@@ -890,6 +910,7 @@ class Node:
             return
         replica = self.replica
         for kind, client, seq, op in requests:
+            reconfig = False
             if kind == clientwire.STATUS:
                 try:
                     st = self.status(digest=not (type(op) is dict and op.get("digest") is False))
@@ -905,18 +926,28 @@ class Node:
                     conn.reply([client, seq, clientwire.ERROR, clientwire.PERMISSION_DENIED + ": admin requests need "
                                 "the admin client certificate (OU=cellar-admin; --cert/--key)"])
                     continue
-                conn.reply(self._admin(client, seq, op))
-                continue
-            if type(op) is list and op and op[0] == RECONFIG:
-                # The core would close the epoch, and this runtime cannot start the next
-                # one yet (docs/membership.md, part 2): refuse it before the log.
+                if not (type(op) is list and op and op[0] == "reconfig"):
+                    conn.reply(self._admin(client, seq, op))
+                    continue
+                op = self._reconfig_command(op)
+                if type(op) is str:
+                    self.stats["refused_invalid"] += 1
+                    conn.reply([client, seq, clientwire.ERROR, op])
+                    continue
+                kind, reconfig = clientwire.CALL, True  # through the log, answered when executed
+            elif type(op) is list and op and op[0] == RECONFIG:
+                # Only the admin path proposes a membership change (cellar member).
                 self.stats["refused_invalid"] += 1
-                conn.reply([client, seq, clientwire.ERROR, "InvalidRequest: membership change is not served by "
-                            "this runtime yet (docs/membership.md)"])
+                conn.reply([client, seq, clientwire.ERROR, "InvalidRequest: a membership change is an admin "
+                            "request (cellar member add|remove)"])
                 continue
-            if self._stamp is not None:
+            if self.epoch_ended is not None:
+                conn.reply([client, seq, clientwire.ERROR,
+                            f"busy: the cluster is moving to epoch {self.epoch_ended.epoch}; retry"])
+                continue
+            if self._stamp is not None and not reconfig:
                 op = self._stamp(op, int(time.time() * 1000))
-            if self._validate is not None:
+            if self._validate is not None and not reconfig:
                 error = self._validate(op)
                 if error is not None:
                     self.stats["refused_invalid"] += 1
@@ -945,9 +976,39 @@ class Node:
         if self._dirty_clients:  # status and refusals; answers to commands wait in the outbox
             self._flush_clients()
 
+    def _reconfig_command(self, op: list) -> list | str:
+        """``["reconfig", members, sequencer]`` (admin) -> the core's command, or why not."""
+        if self.cfg.protocol != "sdpaxos":
+            return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
+        if len(op) != 3:
+            return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER]"
+        try:
+            members = membership.check_members(op[1])
+        except membership.MembershipError as e:
+            return f"InvalidRequest: {e}"
+        sequencer = op[2]
+        if type(sequencer) is str and "=" not in sequencer:  # a name: its member entry
+            sequencer = next((m for m in members if membership.member_name(m) == sequencer), sequencer)
+        command = [RECONFIG, self.cfg.epoch, members, sequencer]
+        why = check_reconfig(command, self.cfg.epoch)
+        return f"InvalidRequest: {why}" if why is not None else command
+
+    def epoch_status(self) -> dict:
+        cfg = self.cfg
+        members = cfg.member_list()
+        st = self.replica.status()
+        seq = st.get("sequencer", st.get("leader"))
+        name = membership.member_name(members[cfg.node_id])
+        return {"epoch": cfg.epoch, "members": list(members), "name": name,
+                "member": membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address),
+                "sequencer": members[seq] if type(seq) is int and 0 <= seq < len(members) else None,
+                "ended": self.epoch_ended is not None}
+
     def _admin(self, client: Any, seq: int, op: Any) -> list:
         """An operator action (clientwire.ADMIN); the answer to send."""
         replica = self.replica
+        if type(op) is list and op and op[0] in ("epoch", "epoch_base", "epoch_notice"):
+            return [client, seq, *self._admin_epoch(op)]
         if type(op) is list and len(op) == 2 and op[0] == "transfer_sequencer" and type(op[1]) is int:
             if not hasattr(replica, "transfer_sequencer"):
                 return [client, seq, clientwire.ERROR, f"{self.cfg.protocol} has no sequencer handover"]
@@ -962,6 +1023,27 @@ class Node:
         if type(op) is list and op and op[0] in ("snapshot_info", "snapshot_take", "snapshot_chunk"):
             return [client, seq, *self._admin_snapshot(op)]
         return [client, seq, clientwire.ERROR, f"unknown admin operation {op!r:.60}"]
+
+    def _admin_epoch(self, op: list) -> list:
+        """Membership (consensus/runtime/membership.py): ``["epoch"]`` (where we are),
+        ``["epoch_base"]`` (the base of our epoch, or of the next once ours ended: a
+        newcomer or a member that missed END starts from it), ``["epoch_notice", e,
+        [host, port]]`` (epoch ``e`` began; that replica has its base)."""
+        if op[0] == "epoch" and len(op) == 1:
+            return [clientwire.OK, self.epoch_status()]
+        if op[0] == "epoch_base" and len(op) == 1:
+            cluster = self.cfg.cluster_id.rpartition("@e")[0] if self.cfg.epoch else self.cfg.cluster_id
+            if self.epoch_ended is not None:
+                return [clientwire.OK, {"epoch": self.epoch_ended.epoch, "base": self.epoch_ended.pack(),
+                                        "cluster_id": cluster}]
+            if self.cfg.epoch_base is None:
+                return [clientwire.ERROR, "epoch 0 has no base: this cluster never changed its members"]
+            return [clientwire.OK, {"epoch": self.cfg.epoch, "base": self.cfg.epoch_base, "cluster_id": cluster}]
+        if op[0] == "epoch_notice" and len(op) == 3 and type(op[1]) is int and type(op[2]) is list and len(op[2]) == 2:
+            if op[1] > self.cfg.epoch and self.epoch_ended is None and self.on_epoch_notice is not None:
+                self.on_epoch_notice(op[1], (str(op[2][0]), int(op[2][1])))
+            return [clientwire.OK, {"epoch": self.cfg.epoch}]
+        return [clientwire.ERROR, f"malformed epoch operation {op!r:.60}"]
 
     def _admin_snapshot(self, op: list) -> list:
         """``cellar snapshot save``: ``["snapshot_info"]`` (our latest stored snapshot:
@@ -1129,6 +1211,12 @@ class Node:
             return
         if self._tokens and self._tokens[0][0] <= wal.durable_seq:
             self._report_persisted(wal.durable_seq)  # already durable (--fsync never)
+            if self._down:
+                return
+        if rd.epoch_end is not None and self._end_pending is None:
+            self._end_pending = rd.epoch_end
+        if self._end_pending is not None and self.epoch_ended is None:
+            self._close_epoch()
             if self._down:
                 return
         # 4. install a fetched snapshot
@@ -1449,6 +1537,30 @@ class Node:
             self._loop_step("gc_freeze", t0)
         return True
 
+    def _close_epoch(self) -> None:
+        """Our replica executed END: once every record is durable and every answer out,
+        the next epoch's base is ours (the same at every member) and the driver
+        (``on_epoch_end``) moves this process to it. Commands still waiting were not
+        executed in this epoch: their clients retry, in the next one."""
+        self._end_check = None
+        if self._down or self.epoch_ended is not None:
+            return
+        if self._outbox or self.wal.last_seq > self.wal.durable_seq:
+            self._end_check = asyncio.get_running_loop().call_later(0.002, self._close_epoch)
+            return
+        _slot, (epoch, members, sequencer) = self._end_pending  # type: ignore[misc]
+        base = EpochBase(epoch + 1, tuple(members), sequencer, self.replica.executor.base_state())
+        self.epoch_ended = base
+        log.info("node %d: epoch %d ended; next: %d members %s, sequencer %s", self.cfg.node_id, epoch,
+                 len(members), ", ".join(members), sequencer)
+        message = f"busy: the cluster is moving to epoch {base.epoch}; retry"
+        for (client, seq), conn in list(self._waiters.items()):
+            conn.reply([client, seq, clientwire.ERROR, message])
+        self._waiters.clear()
+        self._flush_clients()
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(base)
+
     def _stall_note(self, label: str) -> None:
         if self._stall_tracer is not None:
             self._stall_tracer.note(label)
@@ -1662,6 +1774,9 @@ class Node:
         st = dict(replica.status())
         st["digest"] = self._digest() if digest else None
         st["cluster_id"] = self.cfg.cluster_id
+        if self.cfg.protocol == "sdpaxos":
+            st["epoch"] = self.cfg.epoch
+            st["member"] = membership.member_name(self.cfg.member_list()[self.cfg.node_id])
         st["replicas"] = len(self.cfg.peers)
         st["peers"] = {str(i): f"{h}:{p}" for i, (h, p) in sorted(self.cfg.peers.items())}
         st["fsync"] = self.cfg.fsync

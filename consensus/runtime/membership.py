@@ -1,0 +1,284 @@
+"""Membership change on real processes: one node incarnation per epoch (docs/membership.md, part 3).
+
+The core closes an epoch with an END slot and reports it (``Ready.epoch_end``); every
+member then holds the same ``EpochBase`` (``consensus.core.epochs``): the next epoch's
+members, sequencer and the state after END. The runtime moves a process to the next
+epoch by ending the node of the old epoch and starting a new one, on the same ports,
+from that base:
+
+- **Members are ``NAME=HOST:PORT``** (the peer address): a reconfiguration names
+  everything a peer needs to connect. Epoch 0's members are the configured peers, named
+  by their ids (``0=127.0.0.1:7000``); a new member picks a new name.
+- **Storage per epoch.** Epoch 0 is the data dir itself (as before membership existed);
+  epoch ``e >= 1`` is ``<data dir>/epochs/<e>/``, a complete node data dir whose first
+  snapshot is the base (slot 0), next to ``BASE`` (the packed base, written synced and
+  renamed into place last: an epoch directory without ``BASE`` is incomplete and
+  ignored). The newest complete epoch is the current one; older epochs' directories are
+  deleted once the next one is complete.
+- **Epochs do not mix.** A node of epoch ``e`` uses the cluster id ``<id>@e<e>`` on its
+  peer connections, so the transport's handshake refuses a peer of another epoch.
+- **A member that missed END** (down or cut off while the others moved on) is told by
+  the new epoch's members (``epoch_notice`` on its client port, repeated until it
+  answers with the new epoch), fetches the base from the one that told it
+  (``epoch_base``) and moves on: everything it missed is below END, so in the base.
+- **A removed member** writes ``REMOVED`` (the base that left it out) and retires: its
+  client port answers status and the base (a newcomer of a disjoint move may still need
+  it) and refuses everything else with ``moved: ...``, which sends a client to the other
+  endpoints. Restarted with its old data it retires again: it never rejoins and never
+  accepts a write.
+- **A new member** starts with ``cellar serve --join HOST:PORT`` on an empty data dir:
+  it asks that replica for its epoch's base until one names it, stores it, and starts in
+  that epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from typing import Any
+
+import msgpack
+
+from consensus.core.config import make_ballot
+from consensus.core.epochs import EpochBase
+from consensus.runtime import clientwire
+from consensus.storage.snapshot import Snapshot, encode_snapshot, write_file_synced
+from consensus.storage.wal import fsync_dir, makedirs_durable
+from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, ProtocolError, encode_frame
+
+log = logging.getLogger("cellar.membership")
+
+BASE_FILE = "BASE"
+REMOVED_FILE = "REMOVED"
+MOVED = "moved"  # the error prefix that sends a client to another endpoint
+
+
+class MembershipError(ValueError):
+    """A malformed member list or membership request: the message is one line."""
+
+
+def _address(text: str, whole: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise MembershipError(f"member {whole!r:.80}: an address must be HOST:PORT")
+    return host, int(port)
+
+
+def parse_member(text: Any) -> tuple[str, str, int]:
+    """``NAME=HOST:PORT[,CLIENTHOST:CLIENTPORT]`` -> (name, peer host, peer port)."""
+    if type(text) is not str or "=" not in text:
+        raise MembershipError(f"a member is NAME=HOST:PORT[,CLIENTHOST:CLIENTPORT], not {text!r:.80}")
+    name, _, addrs = text.partition("=")
+    if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+        raise MembershipError(f"member name {name!r:.80}: letters, digits, - and _ only (at most 64)")
+    peer, _, client = addrs.partition(",")
+    host, port = _address(peer, text)
+    if client:
+        _address(client, text)
+    return name, host, port
+
+
+def client_of(member: str) -> tuple[str, int] | None:
+    """The client address a member entry names (None: not given)."""
+    client = member.partition("=")[2].partition(",")[2]
+    return _address(client, member) if client else None
+
+
+def member_entry(name: str, peer: tuple[str, int], client: tuple[str, int]) -> str:
+    return f"{name}={peer[0]}:{peer[1]},{client[0]}:{client[1]}"
+
+
+def check_members(members: Any) -> list[str]:
+    """The member list of a reconfiguration, checked: distinct names and addresses."""
+    if type(members) not in (list, tuple) or not members:
+        raise MembershipError("members must be a non-empty list of NAME=HOST:PORT")
+    parsed = [parse_member(m) for m in members]
+    if len({p[0] for p in parsed}) != len(parsed):
+        raise MembershipError("member names must be distinct")
+    if len({(p[1], p[2]) for p in parsed}) != len(parsed):
+        raise MembershipError("member addresses must be distinct")
+    return list(members)
+
+
+def epoch0_members(peers: dict[int, tuple[str, int]]) -> tuple[str, ...]:
+    return tuple(f"{i}={peers[i][0]}:{peers[i][1]}" for i in sorted(peers))
+
+
+def member_name(member: str) -> str:
+    return member.partition("=")[0]
+
+
+def epoch_cluster_id(cluster_id: str, epoch: int) -> str:
+    return cluster_id if epoch == 0 else f"{cluster_id}@e{epoch}"
+
+
+def base_meta(n: int, sequencer_index: int) -> dict:
+    """The snapshot meta of an epoch's start (slot 0), as ``Member._start`` makes it."""
+    return {"protocol": "sdpaxos", "n": n, "slot": 0, "exec_inst": [0] * n, "view": make_ballot(0, sequencer_index)}
+
+
+class EpochStore:
+    """Where a process's epochs live (module docstring)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.epochs_dir = os.path.join(root, "epochs")
+
+    def epoch_dir(self, epoch: int) -> str:
+        return self.root if epoch == 0 else os.path.join(self.epochs_dir, str(epoch))
+
+    def current(self) -> EpochBase | None:
+        """The newest complete epoch's base; None: epoch 0 (or nothing yet)."""
+        if not os.path.isdir(self.epochs_dir):
+            return None
+        best = None
+        for name in os.listdir(self.epochs_dir):
+            if not name.isdigit():
+                continue
+            path = os.path.join(self.epochs_dir, name, BASE_FILE)
+            if not os.path.exists(path):
+                continue  # incomplete: its BASE is renamed into place last
+            with open(path, "rb") as f:
+                base = EpochBase.unpack(f.read())
+            if base.epoch != int(name):
+                raise MembershipError(f"{path} holds the base of epoch {base.epoch}")
+            if best is None or base.epoch > best.epoch:
+                best = base
+        return best
+
+    def removed(self) -> EpochBase | None:
+        path = os.path.join(self.root, REMOVED_FILE)
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return EpochBase.unpack(f.read())
+
+    def store(self, base: EpochBase) -> str:
+        """Make epoch ``base.epoch``'s data dir complete: its first snapshot is the base;
+        ``BASE`` is renamed into place last, so a crash leaves it incomplete (ignored,
+        redone from the base the old epoch's members still hold)."""
+        d = self.epoch_dir(base.epoch)
+        if os.path.isdir(d) and not os.path.exists(os.path.join(d, BASE_FILE)):
+            shutil.rmtree(d)  # an earlier attempt's leftovers
+        snaps = os.path.join(d, "snapshots")
+        makedirs_durable(snaps)
+        if base.state is not None:
+            n = len(base.members)
+            meta = base_meta(n, base.members.index(base.sequencer))
+            image = encode_snapshot(Snapshot(0, msgpack.packb(meta, use_bin_type=True), base.state, slot=0))
+            path = os.path.join(snaps, "snap-slot-" + "0" * 20 + ".snap")
+            write_file_synced(path + ".tmp", image)
+            os.replace(path + ".tmp", path)
+            fsync_dir(snaps)
+        packed = base.pack()
+        tmp = os.path.join(d, BASE_FILE + ".tmp")
+        write_file_synced(tmp, packed)
+        os.replace(tmp, os.path.join(d, BASE_FILE))
+        fsync_dir(d)
+        return d
+
+    def mark_removed(self, base: EpochBase) -> None:
+        tmp = os.path.join(self.root, REMOVED_FILE + ".tmp")
+        write_file_synced(tmp, base.pack())
+        os.replace(tmp, os.path.join(self.root, REMOVED_FILE))
+        fsync_dir(self.root)
+
+    def drop_before(self, epoch: int) -> None:
+        """Delete the ended epochs' logs (>= 1; epoch 0's files in the root: its WAL and
+        snapshots) once ``epoch`` is complete: nothing of an ended epoch is needed."""
+        if os.path.isdir(self.epochs_dir):
+            for name in os.listdir(self.epochs_dir):
+                if name.isdigit() and int(name) < epoch:
+                    shutil.rmtree(os.path.join(self.epochs_dir, name), ignore_errors=True)
+        if epoch >= 1:
+            for sub in ("wal", "snapshots"):
+                shutil.rmtree(os.path.join(self.root, sub), ignore_errors=True)
+
+
+class RetiredPort(asyncio.Protocol):
+    """The client port of a removed member (module docstring)."""
+
+    def __init__(self, base: EpochBase, name: str, removed_at: int) -> None:
+        self.base = base
+        self.name = name
+        self.removed_at = removed_at
+        self.decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
+        except (ProtocolError, clientwire.BadRequest):
+            self.transport.abort()
+            return
+        if replies:
+            self.transport.write(encode_frame(replies))
+
+    def status(self) -> dict:
+        return {"retired": True, "name": self.name, "epoch": self.removed_at, "members": list(self.base.members),
+                "sequencer": self.base.sequencer, "role": "removed"}
+
+    def answer(self, req: list) -> list:
+        kind, client, seq, op = req
+        if kind == clientwire.STATUS:
+            return [client, seq, clientwire.OK, self.status()]
+        if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch":
+            return [client, seq, clientwire.OK, self.status()]
+        if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_base":
+            return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "base": self.base.pack()}]
+        if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
+            return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "retired": True}]
+        return [client, seq, clientwire.ERROR, moved_message(self.name, self.base)]
+
+
+def moved_message(name: str, base: EpochBase) -> str:
+    return (f"{MOVED}: {name} is not a member of epoch {base.epoch}; its members are "
+            f"{', '.join(base.members)}")
+
+
+async def ask(addr: tuple[str, int], op: list, *, ssl: Any = None, timeout_s: float = 2.0) -> Any:
+    """One ADMIN request to a replica's client port; its result (raises on an error)."""
+    async with asyncio.timeout(timeout_s):
+        reader, writer = await asyncio.open_connection(addr[0], addr[1], ssl=ssl)
+        try:
+            writer.write(encode_frame([[clientwire.ADMIN, f"member-{os.getpid()}", 1, op]]))
+            await writer.drain()
+            decoder = FrameDecoder(MAX_FRAME_BYTES)
+            while True:
+                chunk = await reader.read(1 << 16)
+                if not chunk:
+                    raise ConnectionError("closed")
+                frames = decoder.feed(chunk)
+                if frames:
+                    _client, _seq, status, result = frames[0][0]
+                    if status != clientwire.OK:
+                        raise MembershipError(str(result))
+                    return result
+        finally:
+            writer.close()
+
+
+async def fetch_base(addr: tuple[str, int], *, ssl: Any = None, cluster_id: str | None = None) -> EpochBase | None:
+    """The base of the epoch ``addr``'s replica is in (None: epoch 0 or unreachable).
+    Raises ``MembershipError`` if that replica is of another cluster than ``cluster_id``."""
+    try:
+        result = await ask(addr, ["epoch_base"], ssl=ssl)
+        if cluster_id is not None and result.get("cluster_id", cluster_id) != cluster_id:
+            raise MembershipError(f"{addr[0]}:{addr[1]} serves cluster {result.get('cluster_id')!r}, not {cluster_id!r} "
+                                  f"(--cluster-id)")
+        return EpochBase.unpack(result["base"])
+    except MembershipError as e:
+        if "serves cluster" in str(e):
+            raise
+        log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
+        return None
+    except (OSError, ConnectionError, TimeoutError, ValueError, KeyError, TypeError) as e:
+        log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
+        return None

@@ -1,0 +1,214 @@
+"""Membership change on real processes under write load (issue 13, acceptance 2 and 3;
+docs/membership.md, part 3): grow 3 -> 5, replace a SIGKILLed member by a fresh one on
+new ports, shrink 5 -> 3 removing the sequencer; no acknowledged write is lost, every
+live member holds the same state, and a removed member restarted with its old data
+refuses writes. Each step's stall (the longest time without a completed write) is
+printed for the note."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from store.client import CellarClient, CellarError
+from store.server import LocalCluster, free_ports
+
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
+STEP_S = 60.0
+
+
+def _cli(*args: str, timeout: float = STEP_S) -> dict:
+    out = subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, (args, out.stdout[-1500:], out.stderr[-1500:])
+    return json.loads(out.stdout) if "--json" in args else {}
+
+
+class Joiner:
+    """``cellar serve --join``: a new member on its own ports."""
+
+    def __init__(self, root, name: str, join: list[tuple[str, int]]) -> None:
+        self.name = name
+        peer, client = free_ports(2)
+        self.peer = ("127.0.0.1", peer)
+        self.client = ("127.0.0.1", client)
+        self.data = str(root / f"join-{name}")
+        self.log = str(root / f"join-{name}.log")
+        self.args = [sys.executable, "-m", "store.cli", "serve", "--join", ",".join(f"{h}:{p}" for h, p in join), "--name", name,
+                     "--cluster-id", "local", "--listen", f"127.0.0.1:{peer}", "--client", f"127.0.0.1:{client}",
+                     "--data-dir", self.data, "--exit-with-parent", str(os.getpid())]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def entry(self) -> str:
+        return f"{self.name}=127.0.0.1:{self.peer[1]},127.0.0.1:{self.client[1]}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+class Load:
+    """Sessions writing distinct keys through every endpoint that may ever serve;
+    which writes were acknowledged, and when each completed."""
+
+    def __init__(self, addresses: list[tuple[str, int]], sessions: int = 8) -> None:
+        self.addresses = addresses
+        self.sessions = sessions
+        self.acked: dict[str, str] = {}
+        self.done_at: list[float] = []
+        self.errors: list[str] = []
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        async with CellarClient(self.addresses, timeout_s=2.0, connect_timeout_s=1.0, deadline_s=STEP_S) as cellar:
+            async def one(s: int) -> None:
+                session = cellar.session(node=s % len(self.addresses))
+                i = 0
+                while not self._stop.is_set():
+                    i += 1
+                    key, value = f"s{s}-{i}", f"v{s}-{i}"
+                    try:
+                        await session.put(key, value)
+                    except CellarError as e:
+                        self.errors.append(str(e))
+                        return
+                    self.acked[key] = value
+                    self.done_at.append(time.monotonic())
+
+            await asyncio.gather(*(one(s) for s in range(self.sessions)))
+
+    def stall(self, t0: float, t1: float) -> float:
+        """The longest time in [t0, t1] without a completed write (ms)."""
+        times = [t0] + sorted(t for t in self.done_at if t0 <= t <= t1) + [t1]
+        return round(1000 * max(b - a for a, b in zip(times, times[1:])), 1)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def _epochs(addresses) -> list:
+    async with CellarClient(addresses, timeout_s=2.0, connect_timeout_s=1.0) as cellar:
+        return await cellar.statuses(digest=True)
+
+
+async def test_grow_replace_shrink_under_load_and_a_removed_member_stays_out(tmp_path):
+    cluster = LocalCluster(str(tmp_path / "c"), 3)
+    joiners: list[Joiner] = []
+    cluster.start_all()
+    try:
+        await cluster.await_ready(timeout_s=30)
+        new = {name: Joiner(tmp_path, name, cluster.client_addresses) for name in ("3", "4", "5")}
+        joiners.extend(new.values())
+        every = list(cluster.client_addresses) + [j.client for j in joiners]
+        load = Load(every)
+        task = asyncio.create_task(load.run())
+        await asyncio.sleep(1.0)
+        stalls = {}
+        loop = asyncio.get_running_loop()
+
+        def endpoints(*addrs) -> str:
+            return ",".join(f"{h}:{p}" for h, p in addrs)
+
+        # 1. Grow 3 -> 5.
+        new["3"].start()
+        new["4"].start()
+        t0 = time.monotonic()
+        grown = await loop.run_in_executor(None, lambda: _cli(
+            "member", "add", new["3"].entry, new["4"].entry, "--endpoints", endpoints(*cluster.client_addresses),
+            "--json"))
+        await asyncio.sleep(1.0)
+        stalls["grow 3->5"] = load.stall(t0, time.monotonic())
+        assert grown["epoch"] == 1 and len(grown["members"]) == 5
+
+        # 2. Replace a SIGKILLed member (replica 0) by a fresh one on new ports.
+        cluster.kill(0)
+        new["5"].start()
+        t0 = time.monotonic()
+        live = list(cluster.client_addresses[1:]) + [new["3"].client, new["4"].client]
+        replaced = await loop.run_in_executor(None, lambda: _cli(
+            "member", "replace", "0", new["5"].entry, "--endpoints", endpoints(*live), "--json"))
+        await asyncio.sleep(1.0)
+        stalls["replace killed 0 by 5"] = load.stall(t0, time.monotonic())
+        assert replaced["epoch"] == 2 and "0" not in [m.partition("=")[0] for m in replaced["members"]]
+
+        # 3. Shrink 5 -> 3, removing the sequencer and one more.
+        live = live + [new["5"].client]
+        seq = replaced["sequencer"].partition("=")[0]
+        other = next(m.partition("=")[0] for m in replaced["members"] if m.partition("=")[0] not in (seq, "5"))
+        t0 = time.monotonic()
+        shrunk = await loop.run_in_executor(None, lambda: _cli(
+            "member", "remove", seq, other, "--endpoints", endpoints(*live), "--json"))
+        await asyncio.sleep(1.0)
+        stalls["shrink 5->3 (sequencer out)"] = load.stall(t0, time.monotonic())
+        assert shrunk["epoch"] == 3 and len(shrunk["members"]) == 3
+        assert shrunk["sequencer"].partition("=")[0] != seq
+        load.stop()
+        await asyncio.wait_for(task, STEP_S)
+        print("membership step stalls (ms):", stalls, "acked writes:", len(load.acked))
+        assert not load.errors, load.errors[:3]
+        assert len(load.acked) > 50
+
+        # No acknowledged write lost; the members hold one state.
+        members = {m.partition("=")[0] for m in shrunk["members"]}
+        addr_of = {"1": cluster.client_addresses[1], "2": cluster.client_addresses[2],
+                   **{n: j.client for n, j in new.items()}}
+        final = [addr_of[m] for m in sorted(members)]
+        async with CellarClient(final, timeout_s=3.0, deadline_s=STEP_S) as cellar:
+            s = cellar.session()
+            missing = [k for k, v in list(load.acked.items()) if await s.get(k) != v]
+        assert not missing, missing[:5]
+        deadline = time.monotonic() + STEP_S
+        while True:
+            sts = await _epochs(final)
+            if all("error" not in st for st in sts) and len({(st["exec_slot"], st["digest"]) for st in sts}) == 1:
+                break
+            assert time.monotonic() < deadline, [{k: st.get(k) for k in ("endpoint", "error", "epoch", "member",
+                                                                        "exec_slot", "digest", "view", "phase")}
+                                                 for st in sts]
+            await asyncio.sleep(0.2)
+        assert {st["epoch"] for st in sts} == {3}
+
+        # 4. A removed member restarted with its old data stays out and refuses writes.
+        removed = {"1": 1, "2": 2}.get(seq if seq in ("1", "2") else other)
+        if removed is not None:
+            cluster.stop(removed)
+            cluster.start(removed)
+            await cluster.await_ready(removed, timeout_s=30)
+            gone = cluster.client_addresses[removed]
+        else:  # both removed members were joiners: restart one
+            j = new[seq] if seq in new else new[other]
+            j.stop()
+            j.start()
+            gone = j.client
+        async with CellarClient([gone], timeout_s=3.0, connect_timeout_s=2.0, deadline_s=20) as cellar:
+            async with asyncio.timeout(20):
+                while True:
+                    try:
+                        st = await cellar.status(0)
+                        break
+                    except (OSError, ConnectionError, TimeoutError):
+                        await asyncio.sleep(0.1)
+            assert st.get("retired") is True and st["epoch"] == 3
+            with pytest.raises(CellarError, match="moved"):
+                await cellar.session().put("after-removal", "x")
+    finally:
+        for j in joiners:
+            j.stop()
+        cluster.stop_all()
