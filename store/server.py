@@ -192,6 +192,8 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
         cfg.extra["clock_control"] = str(raw["clock_control"])
     if raw.get("http") is not None:  # the machine's HTTP API: store/http_api.py or store/kv_http.py
         cfg.extra["http"] = parse_address(raw["http"], "HTTP address")
+    if raw.get("name") is not None:  # a member's name (serve --join; membership.py)
+        cfg.extra["name"] = str(raw["name"])
     cfg.validate()
     if cfg.machine not in MACHINES:
         raise NodeError(f"unknown machine {cfg.machine!r} ({', '.join(MACHINES)})")
@@ -640,7 +642,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
-            "early_send": early_send,
+            "early_send": early_send, "name": name,
         })
         if join is not None:
             from store.client import parse_addresses
@@ -649,8 +651,6 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
                 cfg.extra["join"] = parse_addresses(join)
             except ValueError as e:
                 raise NodeError(f"--join {join}: {e}") from None
-        if name is not None:
-            cfg.extra["name"] = name
         install_loop()
         outcome = asyncio.run(run_node(cfg, ready_file))
     except NodeError as e:

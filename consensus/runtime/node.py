@@ -215,6 +215,15 @@ class NodeConfig:
     def member_list(self) -> tuple:
         return self.members or membership.epoch0_members(self.peers)
 
+    def cert_id(self, index: int) -> int | None:
+        """TLS: the replica id the certificate of member ``index`` names: its name, a
+        number (``node-<name>``); in epoch 0 its id."""
+        if not self.members:
+            name = str(self.extra.get("name", "")) if index == self.node_id else ""
+            return int(name) if name.isdigit() else index
+        name = membership.member_name(self.members[index])
+        return int(name) if name.isdigit() else None
+
     def validate(self) -> None:
         n = len(self.peers)
         if sorted(self.peers) != list(range(n)):
@@ -253,7 +262,7 @@ class NodeConfig:
             raise NodeError(f"TLS needs tls_ca, tls_cert and tls_key together: {', '.join(missing)} missing")
         if given:
             try:
-                tls.check_files(self.tls_ca, self.tls_cert, self.tls_key, self.node_id)
+                tls.check_files(self.tls_ca, self.tls_cert, self.tls_key, self.cert_id(self.node_id))
             except tls.TLSError as e:
                 raise NodeError(str(e)) from None
 
@@ -306,12 +315,15 @@ class _ClientConn(asyncio.Protocol):
         self.last_rx = time.monotonic()  # when bytes last arrived
         self.partial_since = 0.0  # when the unfinished frame in the decoder began (0: none)
         self.admin = False  # TLS: the client presented the admin certificate
+        self.node_cert = False  # TLS: a replica's certificate (membership notices, bases)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         node = self.node
         if node.cfg.tls:
-            self.admin = tls.is_admin(tls.peercert_of(transport))
+            cert = tls.peercert_of(transport)
+            self.admin = tls.is_admin(cert)
+            self.node_cert = tls.node_id_of(cert) is not None
         if len(node._clients) >= node.cfg.clients_max:
             node.stats["clients_refused"] += 1
             log.warning("client connection refused: %d connections already (clients_max)", len(node._clients))
@@ -667,7 +679,8 @@ class Node:
                                        queue_wait_max_s=max(1.0, 2 * cfg.election_ms / 1000),
                                        keepalive_s=cfg.heartbeat_ms / 1000,
                                        dead_after_s=max(2 * cfg.election_ms, 4 * cfg.heartbeat_ms) / 1000,
-                                       on_fatal=lambda e: self._fail(f"internal error handling peer messages: {_describe(e)}", e))
+                                       on_fatal=lambda e: self._fail(f"internal error handling peer messages: {_describe(e)}", e),
+                                       cert_ids={i: cfg.cert_id(i) for i in cfg.peers} if cfg.members else None)
         host, port = cfg.peers[cfg.node_id]
         try:
             await self.transport.start(host, port)
@@ -920,7 +933,9 @@ class Node:
                 conn.reply([client, seq, clientwire.OK, st])
                 continue
             if kind == clientwire.ADMIN:
-                if self.cfg.tls and not getattr(conn, "admin", True):  # in-process callers are trusted
+                if (self.cfg.tls and not getattr(conn, "admin", True)  # in-process callers are trusted
+                        and not (getattr(conn, "node_cert", False) and type(op) is list and op
+                                 and op[0] in ("epoch", "epoch_base", "epoch_notice"))):
                     self.stats["admin_refused"] += 1
                     log.warning("admin request %.60r refused: the client has no admin certificate", op)
                     conn.reply([client, seq, clientwire.ERROR, clientwire.PERMISSION_DENIED + ": admin requests need "
@@ -986,6 +1001,11 @@ class Node:
             members = membership.check_members(op[1])
         except membership.MembershipError as e:
             return f"InvalidRequest: {e}"
+        if self.cfg.tls:
+            bad = [m for m in members if not membership.member_name(m).isdigit()]
+            if bad:
+                return (f"InvalidRequest: with TLS a member's name is the replica id its certificate names "
+                        f"(node-<id>, cellar certs init): {bad[0]!r:.80}")
         sequencer = op[2]
         if type(sequencer) is str and "=" not in sequencer:  # a name: its member entry
             sequencer = next((m for m in members if membership.member_name(m) == sequencer), sequencer)

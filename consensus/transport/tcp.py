@@ -267,8 +267,13 @@ class PeerTransport:
         dead_after_s: float | None = None,
         ssl_server: Any = None,
         ssl_client: Any = None,
+        cert_ids: Mapping[int, int | None] | None = None,
     ) -> None:
         self.cluster_id = cluster_id
+        # TLS: the replica id each peer's certificate must name (default: its index;
+        # after a membership change the index is the member's place in the epoch's list,
+        # and its certificate names the member: consensus/runtime/membership.py).
+        self._cert_ids = dict(cert_ids) if cert_ids is not None else None
         self.node_id = node_id
         self._addresses = {p: a for p, a in peers.items() if p != node_id}
         self.on_messages = on_messages
@@ -563,7 +568,8 @@ class PeerTransport:
         """The node id in the peer's (CA-verified) certificate is the one its hello claims."""
         cert = tls.peercert_of(conn.transport)
         named = tls.node_id_of(cert)
-        if named == claimed:
+        expected = claimed if self._cert_ids is None else self._cert_ids.get(claimed)
+        if named is not None and named == expected:
             return True
         conn.fail("tls_refused", f"hello claims node {claimed}, certificate is {tls.describe(cert)}")
         return False

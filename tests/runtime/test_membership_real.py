@@ -212,3 +212,49 @@ async def test_grow_replace_shrink_under_load_and_a_removed_member_stays_out(tmp
         for j in joiners:
             j.stop()
         cluster.stop_all()
+
+
+async def test_with_tls_only_the_admin_certificate_changes_the_members_and_newcomers_join(tmp_path):
+    """Issue 13, acceptance 4 for membership: with TLS, a member change without the
+    admin certificate is refused (nothing changes); with it, two newcomers holding node
+    certificates of the cluster's CA join (3 -> 5) and serve; member names are the ids
+    their certificates name, so the identities survive the new replica order."""
+    from store.certs import init_certs
+
+    certs = str(tmp_path / "certs")
+    init_certs(certs, 5)
+    cluster = LocalCluster(str(tmp_path / "c"), 3, tls_dir=certs)
+    joiners: list[Joiner] = []
+    cluster.start_all()
+    try:
+        await cluster.await_ready(timeout_s=30)
+        ep = ",".join(f"{h}:{p}" for h, p in cluster.client_addresses)
+        ca = ["--cacert", os.path.join(certs, "ca.pem")]
+        admin = ca + ["--cert", os.path.join(certs, "admin.pem"), "--key", os.path.join(certs, "admin-key.pem")]
+        for name in ("3", "4"):
+            j = Joiner(tmp_path, name, cluster.client_addresses)
+            j.args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-cert", os.path.join(certs, f"node{name}.pem"),
+                       "--tls-key", os.path.join(certs, f"node{name}-key.pem")]
+            joiners.append(j)
+            j.start()
+        add = ["member", "add", joiners[0].entry, joiners[1].entry, "--endpoints", ep]
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(None, lambda: subprocess.run(
+            [sys.executable, "-m", "store.cli", *add, *ca], capture_output=True, text=True, timeout=STEP_S))
+        assert out.returncode == 1 and "PermissionDenied" in out.stderr, (out.stdout, out.stderr)
+        grown = await loop.run_in_executor(None, lambda: _cli(*add, *admin, "--json"))
+        assert grown["epoch"] == 1 and len(grown["members"]) == 5
+        every = list(cluster.client_addresses) + [j.client for j in joiners]
+        async with CellarClient(every, tls=os.path.join(certs, "ca.pem"), timeout_s=3.0, deadline_s=STEP_S) as cellar:
+            for i in range(5):
+                s = cellar.session(node=i)
+                await s.put(f"k{i}", f"v{i}")
+            for i in range(5):
+                assert await cellar.session(node=(i + 2) % 5).get(f"k{i}") == f"v{i}"
+            sts = await cellar.statuses(digest=False)
+        assert {st.get("epoch") for st in sts} == {1}, sts
+        assert all(len(st["connected"]) == 4 for st in sts), [st.get("connected") for st in sts]
+    finally:
+        for j in joiners:
+            j.stop()
+        cluster.stop_all()
