@@ -112,11 +112,17 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
         for i in range(len(addresses)):
             try:
                 result = await cellar.call_once(i, clientwire.ADMIN, f"member-{time.time_ns()}", 1,
-                                                ["reconfig", members, sequencer])
+                                                ["reconfig", members, sequencer, epoch])
             except CellarError as e:
                 if str(e).startswith(("busy", "moved")):
                     last = e
                     continue
+                if "members changed meanwhile" in str(e):
+                    # An earlier attempt (its answer lost) or another admin changed them:
+                    # done if the members now are the ones asked for.
+                    now_epoch, now_members, _seq, _ = await _current(addresses, timeout_s)
+                    if now_epoch == epoch + 1 and sorted(now_members) == sorted(members):
+                        break
                 raise CLIError(str(e)) from None
             except (OSError, TimeoutError, asyncio.TimeoutError, ConnectionError) as e:
                 last = e

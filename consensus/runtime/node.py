@@ -995,8 +995,12 @@ class Node:
         """``["reconfig", members, sequencer]`` (admin) -> the core's command, or why not."""
         if self.cfg.protocol != "sdpaxos":
             return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
-        if len(op) != 3:
-            return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER]"
+        if len(op) not in (3, 4):
+            return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER, EPOCH]"
+        if len(op) == 4 and op[3] != self.cfg.epoch:
+            # The change is meant for the epoch its sender read: a retry that reaches a
+            # member already past it must not change the members a second time.
+            return f"InvalidRequest: the members changed meanwhile: epoch {self.cfg.epoch} now, not {op[3]!r:.20}"
         try:
             members = membership.check_members(op[1])
         except membership.MembershipError as e:

@@ -65,8 +65,9 @@ class Joiner:
 
 
 class Load:
-    """Sessions writing distinct keys through every endpoint that may ever serve;
-    which writes were acknowledged, and when each completed."""
+    """Sessions writing distinct keys through every endpoint that may ever serve (which
+    writes were acknowledged, and when each completed), and between them puts and gets
+    of a few shared keys, recorded as a history for the linearizability checker."""
 
     def __init__(self, addresses: list[tuple[str, int]], sessions: int = 8) -> None:
         self.addresses = addresses
@@ -74,7 +75,19 @@ class Load:
         self.acked: dict[str, str] = {}
         self.done_at: list[float] = []
         self.errors: list[str] = []
+        self.events: list = []  # (time, phase, process, op, result): consensus.sim.simulator.kv_history
         self._stop = asyncio.Event()
+
+    async def _shared(self, session, process: int, i: int) -> None:
+        key = f"x{(process + i) % 3}"
+        op = ["get", key] if i % 3 == 0 else ["put", key, f"{process}-{i}"]
+        self.events.append((time.monotonic(), 1, process, op, None))
+        try:
+            result = await (session.get(key) if op[0] == "get" else session.put(key, op[2]))
+        except CellarError:
+            self.events.append((time.monotonic(), 2, process, op, None))
+            raise
+        self.events.append((time.monotonic(), 0, process, op, result))
 
     async def run(self) -> None:
         async with CellarClient(self.addresses, timeout_s=2.0, connect_timeout_s=1.0, deadline_s=STEP_S) as cellar:
@@ -86,11 +99,12 @@ class Load:
                     key, value = f"s{s}-{i}", f"v{s}-{i}"
                     try:
                         await session.put(key, value)
+                        self.acked[key] = value
+                        self.done_at.append(time.monotonic())
+                        await self._shared(session, s, i)
                     except CellarError as e:
                         self.errors.append(str(e))
                         return
-                    self.acked[key] = value
-                    self.done_at.append(time.monotonic())
 
             await asyncio.gather(*(one(s) for s in range(self.sessions)))
 
@@ -174,6 +188,21 @@ async def test_grow_replace_shrink_under_load_and_a_removed_member_stays_out(tmp
             s = cellar.session()
             missing = [k for k, v in list(load.acked.items()) if await s.get(k) != v]
         assert not missing, missing[:5]
+        # The shared keys' history, with a final read of each, is linearizable.
+        from consensus.sim.simulator import kv_history
+        from jepsen_like.checker import check
+        from jepsen_like.models import KV
+
+        async with CellarClient(final, timeout_s=3.0, deadline_s=STEP_S) as cellar:
+            s = cellar.session()
+            for k in range(3):
+                load.events.append((time.monotonic(), 1, 999, ["get", f"x{k}"], None))
+                got = await s.get(f"x{k}")
+                load.events.append((time.monotonic(), 0, 999, ["get", f"x{k}"], got))
+        history = kv_history(load.events, time.monotonic())
+        verdict = check(history, KV(), timeout_s=60)
+        print("membership history:", len(history), "events, linearizable:", verdict.valid)
+        assert verdict.valid is True, verdict
         deadline = time.monotonic() + STEP_S
         while True:
             sts = await _epochs(final)
