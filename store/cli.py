@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "steady": ("bench.steady:steady", "A steady load with snapshots on: view changes, loop pauses, p99.9."),
     "status": ("store.admin_cli:status", "Each replica's role, view, sequencer, executed slot and digest."),
     "sequencer": ("store.admin_cli:sequencer", "Move the sequencer: sequencer transfer --to ID."),
-    "member": ("store.member_cli:member", "The cluster's members: member list|add|remove|replace."),
+    "member": ("store.member_cli:member", "The cluster's members: member list|add|remove|replace|promote."),
     "snapshot": ("store.snapshot_cli:snapshot", "A replica's state to a file (save); a new cluster from it (restore)."),
     "kv": ("store.kv_cli:kv", "Keys and values: kv put|get|del|txn (client ports), kv watch (HTTP ports)."),
     "lease": ("store.kv_cli:lease", "Leases on keys: lease grant|keepalive|revoke|timetolive|list."),

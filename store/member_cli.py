@@ -30,7 +30,7 @@ from store.admin_cli import CLIError, _options, _run, _statuses, client_tls, par
 
 @click.group("member")
 def member() -> None:
-    """The cluster's members: list, add, remove."""
+    """The cluster's members: list, add, remove, replace, promote."""
 
 
 @member.command("list")
@@ -246,3 +246,22 @@ async def replace(old: str, new: str, client: str | None, wait_s: float, endpoin
     result = await _change(endpoints, timeout_s, wait_s, _entries((new,), client), (old,))
     _report(result, as_json, f"replaced {old} by {new.partition('=')[0]}")
     return 0
+
+
+@member.command("promote")
+@click.argument("name")
+@click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+              help="Seconds to wait for the replicas to agree on the new sequencer.")
+@_options
+@_run("cellar member promote")
+async def promote(name: str, wait_s: float, endpoints: str, as_json: bool, timeout_s: float) -> int:
+    """Make member NAME the sequencer (a planned handover, as ``cellar sequencer
+    transfer`` by the member's name: its replica id changes with the member list)."""
+    from store.admin_cli import transfer
+
+    addresses = parse_endpoints(endpoints)
+    epoch, members, _seq, _ = await _current(addresses, timeout_s)
+    names = [m.partition("=")[0] for m in members]
+    if name not in names:
+        raise CLIError(f"{name} is not a member of epoch {epoch} ({', '.join(names)})")
+    return await transfer.callback.__wrapped__(names.index(name), wait_s, endpoints, as_json, timeout_s)

@@ -883,7 +883,7 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
 
         tls_dir = os.path.join(root, "certs")
         try:
-            init_certs(tls_dir, replicas, force=True)
+            init_certs(tls_dir, replicas + 8, force=True)  # 8 more for newcomers (grow, replace)
         except CertError as e:
             click.echo(f"cellar up: {e}", err=True)
             sys.exit(2)
@@ -911,6 +911,12 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
     else:
         click.echo(f'Reach it from Python: from store.client import SyncClient; SyncClient("{addrs}")')
     click.echo(f"Look at it: cellar status{t} --endpoints {addrs}")
+    from store.up_members import COMMANDS, UpMembers
+
+    changes = UpMembers(cluster, tls_dir) if protocol == "sdpaxos" else None
+    stdin_open = changes is not None and not sys.stdin.closed
+    if stdin_open:
+        click.echo(f"Change the members live: type {COMMANDS} (docs/operations.md, \"Members\").")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
 
     def on_term(signum: int, frame: Any) -> None:
@@ -931,7 +937,21 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
                     reported.add(i)
                     code = cluster.procs[i].returncode
                     click.echo(f"node {i} exited with status {code}: {cluster.log_tail(i, 1)}", err=True)
-            time.sleep(0.2)
+            if stdin_open:
+                import select
+
+                ready, _, _ = select.select([sys.stdin], [], [], 0.2)
+                if ready:
+                    line = sys.stdin.readline()
+                    if not line:
+                        stdin_open = False  # end of input: keep serving until Ctrl-C
+                    else:
+                        try:
+                            changes.run(line)  # type: ignore[union-attr]
+                        except (click.ClickException, OSError, subprocess.SubprocessError) as e:
+                            click.echo(f"  {e}", err=True)
+            else:
+                time.sleep(0.2)
         click.echo("cellar up: every node exited", err=True)
         exit_code = 1
     except KeyboardInterrupt:
@@ -939,5 +959,7 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
         exit_code = 0
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if changes is not None:
+            changes.stop()
         cluster.stop_all()
     sys.exit(exit_code)

@@ -173,6 +173,14 @@ async def test_grow_replace_shrink_under_load_and_a_removed_member_stays_out(tmp
         stalls["shrink 5->3 (sequencer out)"] = load.stall(t0, time.monotonic())
         assert shrunk["epoch"] == 3 and len(shrunk["members"]) == 3
         assert shrunk["sequencer"].partition("=")[0] != seq
+        # ... and a planned handover by member name (the replica ids changed twice).
+        names = [m.partition("=")[0] for m in shrunk["members"]]
+        target = next(n for n in names if n != shrunk["sequencer"].partition("=")[0])
+        live3 = [{"1": cluster.client_addresses[1], "2": cluster.client_addresses[2],
+                  **{n: j.client for n, j in new.items()}}[n] for n in names]
+        promoted = await loop.run_in_executor(None, lambda: _cli(
+            "member", "promote", target, "--endpoints", endpoints(*live3), "--json"))
+        assert promoted["ok"] and promoted["sequencer"] == names.index(target), promoted
         load.stop()
         await asyncio.wait_for(task, STEP_S)
         print("membership step stalls (ms):", stalls, "acked writes:", len(load.acked))

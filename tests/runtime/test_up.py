@@ -168,3 +168,52 @@ def test_sigkill_of_cellar_up_does_not_orphan_its_replicas(tmp_path):
         for p in _pids(tmp_path):
             if not _gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+async def test_up_grows_and_shrinks_its_cluster_live_from_stdin(tmp_path):
+    """Issue 13: ``cellar up`` adds and removes members while it serves (stdin commands)."""
+    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--replicas", "3", "--dir", str(tmp_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def until(marker: str) -> str:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if not ready:
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if marker in line:
+                return "".join(lines)
+        raise AssertionError(f"no {marker!r} in {''.join(lines)!r}")
+
+    try:
+        text = until("Ctrl-C")
+        clients = [("127.0.0.1", int(p)) for p in
+                   [line.split("clients 127.0.0.1:")[1].split(",")[0] for line in text.splitlines() if "clients 127" in line]]
+        proc.stdin.write("grow\n")
+        proc.stdin.flush()
+        grown = until("epoch 1")
+        assert "added 3, 4" in grown and "5 members" in grown, grown
+        new = [("127.0.0.1", int(line.split("clients 127.0.0.1:")[1].split(",")[0]))
+               for line in grown.splitlines() if "started" in line]
+        proc.stdin.write("shrink\n")
+        proc.stdin.flush()
+        shrunk = until("epoch 2")
+        assert "removed 3, 4" in shrunk and "3 members" in shrunk, shrunk
+        async with CellarClient(clients, deadline_s=20) as cellar:
+            s = cellar.session()
+            await s.put("k", "v")
+            assert await s.get("k") == "v"
+        async with CellarClient(new[:1], deadline_s=5) as cellar:
+            st = await cellar.status(0)
+            assert st.get("retired") is True
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
