@@ -295,3 +295,46 @@ async def test_with_tls_only_the_admin_certificate_changes_the_members_and_newco
         for j in joiners:
             j.stop()
         cluster.stop_all()
+
+
+async def test_scheduler_replicas_grow_and_the_newcomers_serve_hived_s_api(tmp_path):
+    """The scheduler machine changes its members the same way: the newcomers start from
+    the state at END (the HiveD config and every allocation) and serve HiveD's inspect
+    API."""
+    import urllib.request
+
+    hived = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hived-small.yaml")
+    cluster = LocalCluster(str(tmp_path / "c"), 3, extra_args=["--machine", "scheduler", "--hived-config", hived])
+    joiners: list[Joiner] = []
+    cluster.start_all()
+    try:
+        await cluster.await_ready(timeout_s=30)
+        for name in ("3", "4"):
+            j = Joiner(tmp_path, name, cluster.client_addresses)
+            j.http = free_ports(1)[0]
+            j.args += ["--machine", "scheduler", "--hived-config", hived, "--http", f"127.0.0.1:{j.http}"]
+            joiners.append(j)
+            j.start()
+        ep = ",".join(f"{h}:{p}" for h, p in cluster.client_addresses)
+        loop = asyncio.get_running_loop()
+        grown = await loop.run_in_executor(None, lambda: _cli(
+            "member", "add", joiners[0].entry, joiners[1].entry, "--endpoints", ep, "--json"))
+        assert grown["epoch"] == 1
+
+        def vcs(port: int) -> dict:
+            deadline = time.monotonic() + STEP_S
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/inspect/clusterstatus/virtualclusters/",
+                                                timeout=2) as r:
+                        return json.loads(r.read())
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+
+        views = [await loop.run_in_executor(None, vcs, j.http) for j in joiners]
+        assert views[0] == views[1] and views[0], views
+    finally:
+        for j in joiners:
+            j.stop()
+        cluster.stop_all()
