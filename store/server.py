@@ -334,17 +334,22 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         base = store.current()
     except (OSError, ValueError) as e:
         raise NodeError(f"data dir {cfg.data_dir}: unreadable membership state: {e}") from None
+    fresh = False
     if removed is None and base is None and cfg.extra.get("join"):
         base = await _join(cfg, name, life)
         if base is None:
             return 0  # stopped while waiting
         store.store(base)
+        fresh = True
     if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
         store.mark_removed(base)  # a crash between storing the base that left us out and this
         removed = base
     prev_members: tuple = ()
     while removed is None:
         ecfg = cfg if base is None else epoch_config(cfg, base, name)
+        if fresh:
+            ecfg.extra["fresh_epoch"] = True  # stored by this process, never started: Node.open
+        fresh = False
         outcome = await _run_epoch(ecfg, ready_file, life, prev_members)
         if type(outcome) is not membership.EpochBase:
             return outcome
@@ -356,6 +361,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             removed = outcome
             break
         base = outcome
+        fresh = True
         if life.stopping:
             return 0
     return await _retire(cfg, name, removed, ready_file, life)

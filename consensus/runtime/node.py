@@ -610,7 +610,18 @@ class Node:
         cls = PROTOCOLS[cfg.protocol]
         rng = random.Random(hash((cfg.cluster_id, cfg.node_id, time.time_ns())))
         kwargs = {"snapshot": snapshot} if snapshot is not None else {}
-        self.replica = cls(cfg.node_id, self.pcfg, self.sm_factory(), records=records, rng=rng, **kwargs)
+        if (cfg.extra.get("fresh_epoch") and snapshot is not None and not records and self._snap_slot == 0
+                and cfg.epoch > 0):
+            # The first start of an epoch this process just stored (membership.py): like a
+            # new cluster's first start, from the base state. No member has promised or
+            # accepted anything in this epoch yet, so the epoch's first sequencer serves
+            # its view at once; built from the snapshot, it would take itself for a
+            # restarted sequencer and run an election (500 ms and more without writes).
+            # A process restart takes the snapshot path and its restart rules.
+            self.replica = cls(cfg.node_id, self.pcfg, self.sm_factory(), records=[], rng=rng)
+            self.replica.executor.restore(snapshot[1])
+        else:
+            self.replica = cls(cfg.node_id, self.pcfg, self.sm_factory(), records=records, rng=rng, **kwargs)
         log.info("node %d recovered %d WAL records%s", cfg.node_id, len(records),
                  f" on top of a snapshot at slot {self._snap_slot}" if snapshot else "")
 
