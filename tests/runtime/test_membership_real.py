@@ -19,8 +19,6 @@ import pytest
 from store.client import CellarClient, CellarError
 from store.server import LocalCluster, free_ports
 
-pytestmark = pytest.mark.xdist_group("loopback-hosts")
-
 STEP_S = 60.0
 
 
