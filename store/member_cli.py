@@ -88,7 +88,7 @@ async def _current(addresses: list, timeout_s: float) -> tuple[int, list[str], s
     """The newest epoch the endpoints serve: its number, its members (each with its
     client address where a member reported it) and its sequencer."""
     answers = await _epochs(addresses, timeout_s)
-    live = [a for a in answers if "error" not in a and not a.get("retired")]
+    live = [a for a in answers if "error" not in a and not a.get("retired") and not a.get("joining")]
     if not live:
         raise CLIError("no member answered: " + "; ".join(a.get("error", "removed") for a in answers))
     epoch = max(a["epoch"] for a in live)
@@ -100,22 +100,39 @@ async def _current(addresses: list, timeout_s: float) -> tuple[int, list[str], s
     return epoch, members, sequencer, answers
 
 
+def _same_members(a: list[str], b: list[str]) -> bool:
+    """The same names at the same peer addresses, in the same order (client parts aside)."""
+    from consensus.runtime.membership import MembershipError, parse_member
+
+    try:
+        return [parse_member(m) for m in a] == [parse_member(m) for m in b]
+    except MembershipError:
+        return False
+
+
 async def _propose(addresses: list, members: list[str], sequencer: str, epoch: int, timeout_s: float,
-                   wait_s: float) -> dict:
+                   wait_s: float, added: tuple = ()) -> dict:
+    """Propose ``members`` as read at ``epoch`` (the request names that epoch: a member
+    of a newer one refuses it as stale, so a list computed before another change never
+    undoes it), then wait until a majority of ``members`` and each of ``added`` serve
+    the next epoch."""
     from consensus.runtime import clientwire
     from store.client import CellarClient, CellarError
 
     t0 = time.monotonic()
+    taken = False
     async with CellarClient(addresses, timeout_s=max(timeout_s, 5.0), connect_timeout_s=timeout_s,
                             **client_tls()) as cellar:
         last = None
         for i in range(len(addresses)):
             try:
                 result = await cellar.call_once(i, clientwire.ADMIN, f"member-{time.time_ns()}", 1,
-                                                ["reconfig", members, sequencer])
+                                                ["reconfig", members, sequencer, epoch])
             except CellarError as e:
-                if str(e).startswith(("busy", "moved")):
+                if str(e).startswith(("busy", "moved")) or "stale:" in str(e):
                     last = e
+                    if "stale:" in str(e):
+                        break  # the cluster moved on: below, by our change (an answer lost) or another's
                     continue
                 raise CLIError(str(e)) from None
             except (OSError, TimeoutError, asyncio.TimeoutError, ConnectionError) as e:
@@ -123,25 +140,74 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
                 continue
             if not result.get("ok"):
                 raise CLIError(f"refused: {result.get('error')}")
+            taken = True
             break
+    if not taken:
+        # An attempt may have been executed with its answer lost (a timeout, or "moving"
+        # because it closed the epoch): ours if the next epoch has exactly our members.
+        try:
+            now, now_members, _, _ = await _current(addresses, timeout_s)
+        except CLIError:
+            now, now_members = epoch, []
+        if now == epoch + 1 and _same_members(now_members, members):
+            pass
+        elif now > epoch:
+            raise CLIError(f"the members changed meanwhile (epoch {now}: "
+                           f"{', '.join(m.partition('=')[0] for m in now_members)}); nothing was proposed: "
+                           "read them again and retry")
         else:
             raise CLIError(f"no member took the change: {last}")
-    # Wait until a member of the new list serves the next epoch.
+    # Wait until a majority of the new list, and every member added, serve the next epoch.
     deadline = t0 + wait_s
-    from consensus.runtime.membership import client_of
+    from consensus.runtime.membership import client_of, member_name
 
+    need = {member_name(m) for m in added}
     targets = [client_of(m) for m in members if client_of(m) is not None]
     while True:
         answers = await _epochs(targets or addresses, min(timeout_s, 1.0))
-        serving = [a for a in answers if "error" not in a and a.get("epoch", -1) > epoch]
-        if len(serving) > len(members) // 2:
+        serving = [a for a in answers if "error" not in a and not a.get("retired") and not a.get("joining")
+                   and a.get("epoch", -1) > epoch]
+        missing = sorted(need - {a.get("name") for a in serving})
+        if len(serving) > len(members) // 2 and not missing:
             break
         if time.monotonic() > deadline:
+            if missing:
+                raise CLIError(f"the change to epoch {epoch + 1} is in the log, but {', '.join(missing)} did not "
+                               f"join it within {wait_s:g} s (is `cellar serve --join` running there, with this "
+                               f"cluster's --cluster-id?); `cellar member remove` takes it out again")
             raise CLIError(f"the change to epoch {epoch + 1} is in the log, but a majority of its members did not "
                            f"report serving it within {wait_s:g} s (cellar member list to follow it)")
         await asyncio.sleep(0.05)
     return {"ok": True, "epoch": epoch + 1, "members": members, "sequencer": sequencer,
             "seconds": round(time.monotonic() - t0, 3)}
+
+
+async def _check_joiners(add: list[str], cluster_id: str | None, timeout_s: float) -> None:
+    """Each member to add must be waiting to join (``cellar serve --join``: its client
+    port answers ``joining``) under its name and peer address, for this cluster."""
+    from consensus.runtime.membership import client_of, parse_member
+
+    deadline = time.monotonic() + max(timeout_s, 10.0)  # one just started may not listen yet
+    for entry in add:
+        name, host, port = parse_member(entry)
+        addr = client_of(entry)
+        while True:
+            a = (await _epochs([addr], timeout_s))[0]
+            if "error" not in a or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        where = "%s:%d" % addr
+        if "error" in a:
+            raise CLIError(f"{name} does not answer at {where} ({a['error']}): start it first with "
+                           f"`cellar serve --join ... --name {name} --listen {host}:{port} --client {where}`")
+        if not a.get("joining"):
+            raise CLIError(f"{where} is not a member waiting to join (it is {a.get('name')!r} of epoch "
+                           f"{a.get('epoch')})")
+        if a.get("name") != name or a.get("member", "").partition(",")[0] != entry.partition(",")[0]:
+            raise CLIError(f"{where} waits to join as {a.get('member')!r}, not {entry.partition(',')[0]!r}")
+        if cluster_id is not None and a.get("cluster_id") != cluster_id:
+            raise CLIError(f"{name} at {where} waits to join cluster {a.get('cluster_id')!r}, not {cluster_id!r} "
+                           "(its --cluster-id)")
 
 
 def _report(result: dict, as_json: bool, what: str) -> None:
@@ -176,7 +242,7 @@ def _entries(new: tuple, client: str | None) -> list[str]:
 
 async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str], drop: tuple) -> dict:
     addresses = parse_endpoints(endpoints)
-    epoch, members, sequencer, _ = await _current(addresses, timeout_s)
+    epoch, members, sequencer, answers = await _current(addresses, timeout_s)
     names = [m.partition("=")[0] for m in members]
     for d in drop:
         if d not in names:
@@ -190,7 +256,9 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
                        "(add or remove two at once, or replace one)")
     if sequencer is None or sequencer.partition("=")[0] in drop:
         sequencer = new[0]
-    return await _propose(addresses, new, sequencer, epoch, timeout_s, wait_s)
+    ids = {a.get("cluster_id") for a in answers if "error" not in a and a.get("epoch") == epoch}
+    await _check_joiners(add, ids.pop() if len(ids) == 1 else None, timeout_s)
+    return await _propose(addresses, new, sequencer, epoch, timeout_s, wait_s, tuple(add))
 
 
 _WAIT = click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,

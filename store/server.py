@@ -366,19 +366,40 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
 
     addrs = cfg.extra["join"]
     ssl = _client_ssl(cfg)
+    # Our client port answers ``joining`` meanwhile: ``cellar member add`` checks that
+    # we run, under the name, peer address and cluster id it is about to propose.
+    host, port = cfg.client_address
+    server_ssl = None
+    if cfg.tls:
+        from consensus.transport import tls
+
+        server_ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    entry = membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address)
+    conns: set = set()
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            lambda: membership.JoiningPort(name, entry, cfg.cluster_id, conns), host, port, ssl=server_ssl)
+    except OSError as e:
+        raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
     sys.stderr.write(f"cellar serve: {name} waits to be added (asking {', '.join('%s:%d' % a for a in addrs)} "
                      f"for the members)\n")
     sys.stderr.flush()
-    while not life.stopping:
-        for addr in addrs:
-            try:
-                base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
-            except membership.MembershipError as e:
-                raise NodeError(str(e)) from None
-            if base is not None and name in [membership.member_name(m) for m in base.members]:
-                return base
-        await asyncio.sleep(0.2)
-    return None
+    try:
+        while not life.stopping:
+            for addr in addrs:
+                try:
+                    base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
+                except membership.MembershipError as e:
+                    raise NodeError(str(e)) from None
+                if base is not None and name in [membership.member_name(m) for m in base.members]:
+                    return base
+            await asyncio.sleep(0.2)
+        return None
+    finally:
+        server.close()
+        for t in list(conns):
+            t.abort()
+        await server.wait_closed()
 
 
 def _client_ssl(cfg: NodeConfig) -> Any:

@@ -238,6 +238,47 @@ class RetiredPort(asyncio.Protocol):
         return [client, seq, clientwire.ERROR, moved_message(self.name, self.base)]
 
 
+class JoiningPort(asyncio.Protocol):
+    """The client port of a new member waiting to be added (``serve --join``): it
+    answers status and ``["epoch"]`` with ``joining`` (its entry and cluster id, which
+    ``cellar member add`` checks before it proposes anything) and sends everything
+    else to the members with ``moved: ...``."""
+
+    def __init__(self, name: str, entry: str, cluster_id: str, conns: set) -> None:
+        self.info = {"joining": True, "name": name, "member": entry, "cluster_id": cluster_id, "epoch": -1,
+                     "role": "joining"}
+        self.conns = conns
+        self.decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conns.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conns.discard(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
+        except (ProtocolError, clientwire.BadRequest):
+            self.transport.abort()
+            return
+        if replies:
+            self.transport.write(encode_frame(replies))
+
+    def answer(self, req: list) -> list:
+        kind, client, seq, op = req
+        if kind == clientwire.STATUS or (kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch"):
+            return [client, seq, clientwire.OK, dict(self.info)]
+        if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
+            return [client, seq, clientwire.OK, {"epoch": -1}]
+        return [client, seq, clientwire.ERROR, f"{MOVED}: {self.info['name']} is not a member yet (it waits to be "
+                                               "added)"]
+
+
 def moved_message(name: str, base: EpochBase) -> str:
     return (f"{MOVED}: {name} is not a member of epoch {base.epoch}; its members are "
             f"{', '.join(base.members)}")

@@ -980,8 +980,18 @@ class Node:
         """``["reconfig", members, sequencer]`` (admin) -> the core's command, or why not."""
         if self.cfg.protocol != "sdpaxos":
             return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
-        if len(op) != 3:
-            return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER]"
+        if len(op) not in (3, 4):
+            return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER, EPOCH]"
+        if len(op) == 4:
+            # The epoch the members were read at: a list computed from an older epoch
+            # must not close a newer one (it would undo the change in between).
+            if type(op[3]) is not int:
+                return "InvalidRequest: reconfig's EPOCH is the epoch the members were read at (a number)"
+            if op[3] < self.cfg.epoch:
+                return (f"InvalidRequest: stale: the members were read at epoch {op[3]}, and the cluster is at "
+                        f"epoch {self.cfg.epoch}; read them again")
+            if op[3] > self.cfg.epoch:
+                return f"busy: this member is at epoch {self.cfg.epoch}, behind epoch {op[3]}; ask another"
         try:
             members = membership.check_members(op[1])
         except membership.MembershipError as e:
@@ -999,7 +1009,8 @@ class Node:
         st = self.replica.status()
         seq = st.get("sequencer", st.get("leader"))
         name = membership.member_name(members[cfg.node_id])
-        return {"epoch": cfg.epoch, "members": list(members), "name": name,
+        cluster = cfg.cluster_id.rpartition("@e")[0] if cfg.epoch else cfg.cluster_id
+        return {"epoch": cfg.epoch, "members": list(members), "name": name, "cluster_id": cluster,
                 "member": membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address),
                 "sequencer": members[seq] if type(seq) is int and 0 <= seq < len(members) else None,
                 "ended": self.epoch_ended is not None}
