@@ -328,14 +328,20 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, life.stop)
     try:
+        recorded = store.member()
         removed = store.removed()
         base = store.current()
     except (OSError, ValueError) as e:
         raise NodeError(f"data dir {cfg.data_dir}: unreadable membership state: {e}") from None
+    if recorded is not None and recorded != name:
+        # Not a removal: a typo in --name/--id must not retire this member for good.
+        raise NodeError(f"data dir {cfg.data_dir} is member {recorded}'s, not {name}'s: start it with --name "
+                        f"{recorded} (or --id {recorded} for one of the first members)")
     if removed is None and base is None and cfg.extra.get("join"):
         base = await _join(cfg, name, life)
         if base is None:
             return 0  # stopped while waiting
+        store.record_member(name)
         store.store(base)
     if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
         store.mark_removed(base)  # a crash between storing the base that left us out and this
@@ -347,6 +353,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         if type(outcome) is not membership.EpochBase:
             return outcome
         prev_members = ecfg.member_list()
+        store.record_member(name)  # this dir has served as ``name``: a restart under another is refused
         store.store(outcome)
         store.drop_before(outcome.epoch)
         if name not in [membership.member_name(m) for m in outcome.members]:

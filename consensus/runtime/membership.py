@@ -52,6 +52,7 @@ log = logging.getLogger("cellar.membership")
 
 BASE_FILE = "BASE"
 REMOVED_FILE = "REMOVED"
+MEMBER_FILE = "MEMBER"  # the member name this data dir serves under (written before its first base)
 MOVED = "moved"  # the error prefix that sends a client to another endpoint
 
 
@@ -178,6 +179,25 @@ class EpochStore:
         os.replace(tmp, os.path.join(d, BASE_FILE))
         fsync_dir(d)
         return d
+
+    def member(self) -> str | None:
+        """The member name recorded for this data dir (None: none yet)."""
+        try:
+            with open(os.path.join(self.root, MEMBER_FILE), encoding="utf-8") as f:
+                return f.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def record_member(self, name: str) -> None:
+        """Record ``name`` (before the first base is stored: a restart under another
+        name is then refused instead of being taken for a removal)."""
+        if self.member() == name:
+            return
+        makedirs_durable(self.root)
+        tmp = os.path.join(self.root, MEMBER_FILE + ".tmp")
+        write_file_synced(tmp, name.encode())
+        os.replace(tmp, os.path.join(self.root, MEMBER_FILE))
+        fsync_dir(self.root)
 
     def mark_removed(self, base: EpochBase) -> None:
         tmp = os.path.join(self.root, REMOVED_FILE + ".tmp")

@@ -196,3 +196,31 @@ async def test_a_joiner_joins_under_tls(cluster, joiners, tmp_path):
     for j in new:
         a = await wait_epoch(j.client, 1, 20.0, **ca)
         assert a.get("epoch") == 1, (j.name, a, open(j.log).read()[-600:])
+
+
+async def test_a_restart_under_another_name_does_not_retire_the_member(cluster, joiners, tmp_path):
+    """Finding R5: ``run_node`` treats "my name is not in the current base" as the crash
+    between storing a base that left us out and writing ``REMOVED``, and writes
+    ``REMOVED``. A member restarted with a typo in ``--name`` (or ``--id``) therefore
+    retires for good: restarted again with the right name it still refuses every write,
+    and the cluster has lost a member for ever."""
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                endpoints(c.client_addresses), "--json")
+    assert p.returncode == 0, p.stderr[-800:]
+    a = new[0]
+    a.stop()
+    typo = list(a.args)
+    typo[typo.index("--name") + 1] = "AA"
+    out = await asyncio.to_thread(subprocess.run, typo, capture_output=True, text=True, timeout=30)
+    # A clear refusal, not a retirement...
+    assert out.returncode != 0 and "AA" in out.stderr, (out.returncode, out.stderr[-600:])
+    # ... and with the right name it is a member again.
+    a.start()
+    st = await wait_epoch(a.client, 1, 20.0)
+    assert st.get("epoch") == 1 and not st.get("retired"), st
