@@ -654,6 +654,9 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
         if join is not None:
             if not (name and listen) or node_id is not None or peers is not None:
                 raise NodeError("--join needs --name and --listen (this member's peer address), and no --id or --peers")
+            if tls_ca or tls_cert or tls_key:
+                raise NodeError("--join does not work with TLS yet (node certificates name a fixed replica id; "
+                                "docs/membership.md)")
             from consensus.runtime.membership import MembershipError, parse_member
 
             try:
@@ -672,6 +675,10 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
         })
         if join is not None:
             from store.client import parse_addresses
+
+            if cfg.tls:
+                raise NodeError("--join does not work with TLS yet (node certificates name a fixed replica id; "
+                                "docs/membership.md)")
 
             try:
                 cfg.extra["join"] = parse_addresses(join)

@@ -164,6 +164,35 @@ async def test_a_member_down_during_the_change_catches_up_when_restarted(cluster
     assert a.get("epoch") == 1, a
 
 
+async def test_under_tls_a_change_is_refused_and_changes_nothing(cluster, tmp_path):
+    """Finding R4, the stopgap: until membership works with TLS (below), ``cellar member``
+    and ``serve --join`` refuse with one line, before anything is proposed. Without it,
+    removing member 0 renumbers the survivors, whose certificates then name the wrong
+    replica: every one of them fails to start the next epoch, for good."""
+    from store.certs import init_certs
+
+    certs = str(tmp_path / "certs")
+    init_certs(certs, 5, force=True)
+    c = cluster(tls_dir=certs)
+    await c.await_ready(timeout_s=30)
+    j = Joiner(tmp_path, "3", c.client_addresses)
+    j.args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-cert", os.path.join(certs, "node0.pem"),
+               "--tls-key", os.path.join(certs, "node0-key.pem")]
+    out = await asyncio.to_thread(subprocess.run, j.args, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "TLS" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    from consensus.runtime import clientwire
+
+    ca = {"tls": os.path.join(certs, "ca.pem"), "tls_cert": os.path.join(certs, "admin.pem"),
+          "tls_key": os.path.join(certs, "admin-key.pem")}
+    async with CellarClient(c.client_addresses, timeout_s=3.0, **ca) as cellar:
+        members = (await cellar.call_once(0, clientwire.ADMIN, "review", 1, ["epoch"]))["members"]
+        with pytest.raises(Exception, match="TLS"):
+            await cellar.call_once(0, clientwire.ADMIN, "review", 2, ["reconfig", members, members[1], 0])
+    for addr in c.client_addresses:
+        a = await epoch_of(addr, **ca)
+        assert a.get("epoch") == 0 and not a.get("ended"), a
+
+
 @pytest.mark.xfail(strict=True, reason="R4: membership under TLS (node certificates name a fixed index; epoch "
                                        "notices and bases are admin requests) (not fixed)")
 async def test_a_joiner_joins_under_tls(cluster, joiners, tmp_path):
