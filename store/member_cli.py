@@ -240,9 +240,32 @@ def _entries(new: tuple, client: str | None) -> list[str]:
     return out
 
 
-async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str], drop: tuple) -> dict:
+def _client_addresses(given: tuple) -> dict[str, str]:
+    """``--client-of NAME=HOST:PORT`` -> {name: "HOST:PORT"}."""
+    from consensus.runtime.membership import MembershipError, _address
+
+    out = {}
+    for text in given:
+        name, _, addr = text.partition("=")
+        try:
+            _address(addr, text)
+        except MembershipError as e:
+            raise click.BadParameter(str(e), param_hint="--client-of") from None
+        if not name:
+            raise click.BadParameter(f"{text!r}: NAME=HOST:PORT", param_hint="--client-of")
+        out[name] = addr
+    return out
+
+
+async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str], drop: tuple,
+                  client_of: tuple = ()) -> dict:
+    from consensus.runtime.membership import client_of as client_part
+
     addresses = parse_endpoints(endpoints)
     epoch, members, sequencer, answers = await _current(addresses, timeout_s)
+    given = _client_addresses(client_of)
+    members = [f"{m},{given[m.partition('=')[0]]}" if client_part(m) is None and m.partition("=")[0] in given else m
+               for m in members]
     names = [m.partition("=")[0] for m in members]
     for d in drop:
         if d not in names:
@@ -254,12 +277,24 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
     if len(new) < 3 or len(new) % 2 == 0:
         raise CLIError(f"that leaves {len(new)} members: a configuration has an odd number, at least 3 "
                        "(add or remove two at once, or replace one)")
+    # A member that stays must be reachable for the epoch notice when it is back: one
+    # that did not answer (its client address unknown) would stay in the old epoch.
+    unknown = [m.partition("=")[0] for m in new if client_part(m) is None]
+    if unknown:
+        raise CLIError(f"{', '.join(unknown)} did not answer, so its client address is unknown and it could not be "
+                       f"told of the new epoch when it is back: give it (--client-of {unknown[0]}=HOST:PORT) or "
+                       "start it first")
     if sequencer is None or sequencer.partition("=")[0] in drop:
         sequencer = new[0]
+    else:
+        sequencer = next(m for m in new if m.partition("=")[0] == sequencer.partition("=")[0])
     ids = {a.get("cluster_id") for a in answers if "error" not in a and a.get("epoch") == epoch}
     await _check_joiners(add, ids.pop() if len(ids) == 1 else None, timeout_s)
     return await _propose(addresses, new, sequencer, epoch, timeout_s, wait_s, tuple(add))
 
+
+_CLIENT_OF = click.option("--client-of", "client_of", multiple=True, metavar="NAME=HOST:PORT",
+                          help="The client address of a member that stays but does not answer now (repeatable).")
 
 _WAIT = click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
                      help="Seconds to wait until a majority of the new members serve the next epoch.")
@@ -269,13 +304,15 @@ _WAIT = click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), defaul
 @click.argument("new", nargs=-1, required=True)
 @click.option("--client", "client", metavar="HOST:PORT", help="The new member's client address (one NEW).")
 @_WAIT
+@_CLIENT_OF
 @_options
 @_run("cellar member add")
-async def add(new: tuple, client: str | None, wait_s: float, endpoints: str, as_json: bool, timeout_s: float) -> int:
+async def add(new: tuple, client: str | None, wait_s: float, client_of: tuple, endpoints: str, as_json: bool,
+              timeout_s: float) -> int:
     """Add members NEW... (NAME=HOST:PORT[,CLIENTHOST:CLIENTPORT]: the peer and client
     addresses), each started first with ``cellar serve --join``. Members come in odd
     numbers: 3 -> 5 adds two at once."""
-    result = await _change(endpoints, timeout_s, wait_s, _entries(new, client), ())
+    result = await _change(endpoints, timeout_s, wait_s, _entries(new, client), (), client_of)
     _report(result, as_json, "added " + ", ".join(n.partition("=")[0] for n in new))
     return 0
 
@@ -283,13 +320,15 @@ async def add(new: tuple, client: str | None, wait_s: float, endpoints: str, as_
 @member.command("remove")
 @click.argument("names", nargs=-1, required=True)
 @_WAIT
+@_CLIENT_OF
 @_options
 @_run("cellar member remove")
-async def remove(names: tuple, wait_s: float, endpoints: str, as_json: bool, timeout_s: float) -> int:
+async def remove(names: tuple, wait_s: float, client_of: tuple, endpoints: str, as_json: bool,
+                 timeout_s: float) -> int:
     """Remove members NAMES... (5 -> 3 removes two; the sequencer too: another member
     becomes the next epoch's sequencer). A removed process retires: it refuses
     writes, even restarted."""
-    result = await _change(endpoints, timeout_s, wait_s, [], names)
+    result = await _change(endpoints, timeout_s, wait_s, [], names, client_of)
     _report(result, as_json, "removed " + ", ".join(names))
     return 0
 
@@ -299,12 +338,13 @@ async def remove(names: tuple, wait_s: float, endpoints: str, as_json: bool, tim
 @click.argument("new")
 @click.option("--client", "client", metavar="HOST:PORT", help="The new member's client address.")
 @_WAIT
+@_CLIENT_OF
 @_options
 @_run("cellar member replace")
-async def replace(old: str, new: str, client: str | None, wait_s: float, endpoints: str, as_json: bool,
-                  timeout_s: float) -> int:
+async def replace(old: str, new: str, client: str | None, wait_s: float, client_of: tuple, endpoints: str,
+                  as_json: bool, timeout_s: float) -> int:
     """Replace member OLD (e.g. a dead machine) by NEW (NAME=HOST:PORT, started with
     ``cellar serve --join``) in one change."""
-    result = await _change(endpoints, timeout_s, wait_s, _entries((new,), client), (old,))
+    result = await _change(endpoints, timeout_s, wait_s, _entries((new,), client), (old,), client_of)
     _report(result, as_json, f"replaced {old} by {new.partition('=')[0]}")
     return 0

@@ -139,15 +139,14 @@ async def test_a_joiner_with_the_wrong_cluster_id_changes_nothing(cluster, tmp_p
             j.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="R3: epoch 0's member entries carry no client address; a member down "
-                                       "during the change is never sent an epoch notice (not fixed)")
 async def test_a_member_down_during_the_change_catches_up_when_restarted(cluster, joiners, tmp_path):
     """Finding R3: epoch 0's members are ``ID=HOST:PORT`` (no client address) and
     ``cellar member`` fills in the client address only of members that answer. A member
-    that is down during the change keeps an entry without one, so no new-epoch node
-    can send it an ``epoch_notice`` (``_notify`` skips it), and its epoch-0 node's
-    peers now refuse its handshake (``local@e1``): restarted, it stays in epoch 0 for
-    ever, and the new epoch runs one member short."""
+    that was down during the change kept an entry without one, so no new-epoch node
+    could send it an ``epoch_notice`` (``_notify`` skips it), and its epoch-0 peers now
+    refuse its handshake (``local@e1``): restarted, it stayed in epoch 0 for ever, and
+    the new epoch ran one member short. Now ``cellar member`` refuses such a change
+    (one line, nothing proposed) unless ``--client-of`` gives the address."""
     c = cluster()
     await c.await_ready(timeout_s=30)
     c.stop(2)
@@ -155,8 +154,11 @@ async def test_a_member_down_during_the_change_catches_up_when_restarted(cluster
     joiners.extend(new)
     for j in new:
         j.start()
-    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses[:2]), "--json")
+    args = ["member", "add", *(j.entry for j in new), "--endpoints", endpoints(c.client_addresses[:2]), "--json"]
+    p = await asyncio.to_thread(cli, *args)
+    assert p.returncode != 0 and "--client-of 2=" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert (await epoch_of(c.client_addresses[0])).get("epoch") == 0
+    p = await asyncio.to_thread(cli, *args, "--client-of", "2=%s:%d" % c.client_addresses[2])
     assert p.returncode == 0, p.stderr[-800:]
     c.start(2)
     await c.await_ready(2, timeout_s=30)
