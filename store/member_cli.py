@@ -155,6 +155,9 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
             raise CLIError(f"the members changed meanwhile (epoch {now}: "
                            f"{', '.join(m.partition('=')[0] for m in now_members)}); nothing was proposed: "
                            "read them again and retry")
+        elif isinstance(last, (OSError, TimeoutError, asyncio.TimeoutError, ConnectionError)):
+            raise CLIError(f"no member answered the change ({type(last).__name__}: {last}); it may still take "
+                           "effect once a majority is back (cellar member list)")
         else:
             raise CLIError(f"no member took the change: {last}")
     # Wait until a majority of the new list, and every member added, serve the next epoch.

@@ -383,9 +383,10 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
         server_ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
     entry = membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address)
     conns: set = set()
+    notified: set = set()  # members that sent us an epoch notice (the --join endpoints may be gone)
     try:
         server = await asyncio.get_running_loop().create_server(
-            lambda: membership.JoiningPort(name, entry, cfg.cluster_id, conns), host, port, ssl=server_ssl)
+            lambda: membership.JoiningPort(name, entry, cfg.cluster_id, conns, notified), host, port, ssl=server_ssl)
     except OSError as e:
         raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
     sys.stderr.write(f"cellar serve: {name} waits to be added (asking {', '.join('%s:%d' % a for a in addrs)} "
@@ -393,7 +394,7 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
     sys.stderr.flush()
     try:
         while not life.stopping:
-            for addr in addrs:
+            for addr in list(addrs) + sorted(notified - set(addrs)):
                 try:
                     base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
                 except membership.MembershipError as e:

@@ -264,10 +264,11 @@ class JoiningPort(asyncio.Protocol):
     ``cellar member add`` checks before it proposes anything) and sends everything
     else to the members with ``moved: ...``."""
 
-    def __init__(self, name: str, entry: str, cluster_id: str, conns: set) -> None:
+    def __init__(self, name: str, entry: str, cluster_id: str, conns: set, notified: set | None = None) -> None:
         self.info = {"joining": True, "name": name, "member": entry, "cluster_id": cluster_id, "epoch": -1,
                      "role": "joining"}
         self.conns = conns
+        self.notified = notified  # client addresses of members that told us an epoch began: ask them too
         self.decoder = FrameDecoder(MAX_FRAME_BYTES)
         self.transport: asyncio.Transport | None = None
 
@@ -294,6 +295,9 @@ class JoiningPort(asyncio.Protocol):
         if kind == clientwire.STATUS or (kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch"):
             return [client, seq, clientwire.OK, dict(self.info)]
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
+            if (self.notified is not None and len(op) == 3 and type(op[2]) is list and len(op[2]) == 2
+                    and type(op[2][0]) is str and type(op[2][1]) is int and len(self.notified) < 64):
+                self.notified.add((op[2][0], op[2][1]))
             return [client, seq, clientwire.OK, {"epoch": -1}]
         return [client, seq, clientwire.ERROR, f"{MOVED}: {self.info['name']} is not a member yet (it waits to be "
                                                "added)"]

@@ -255,3 +255,67 @@ async def test_a_restart_under_another_name_does_not_retire_the_member(cluster, 
     a.start()
     st = await wait_epoch(a.client, 1, 20.0)
     assert st.get("epoch") == 1 and not st.get("retired"), st
+
+
+async def test_a_member_paused_through_the_switch_catches_up_and_every_base_is_the_same(cluster, joiners,
+                                                                                        tmp_path):
+    """Checked sound: a member SIGSTOPped before the change and resumed after it is told
+    by the new epoch (``epoch_notice``), fetches the base and moves on; every member's
+    ``BASE`` of epoch 1 is byte-identical (the ones that executed END, the joiners that
+    fetched it, the laggard that adopted it), and no acknowledged write is lost."""
+    import signal
+
+    from tests.runtime.test_membership_real import Load
+
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    load = Load(list(c.client_addresses[:2]) + [j.client for j in new], sessions=6)
+    task = asyncio.create_task(load.run())
+    try:
+        await asyncio.sleep(0.5)
+        c.procs[2].send_signal(signal.SIGSTOP)
+        p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                    endpoints(c.client_addresses[:2]), "--client-of",
+                                    "2=%s:%d" % c.client_addresses[2], "--json")
+        assert p.returncode == 0, p.stderr[-800:]
+        await asyncio.sleep(0.5)
+    finally:
+        c.procs[2].send_signal(signal.SIGCONT)
+    a = await wait_epoch(c.client_addresses[2], 1, 20.0)
+    assert a.get("epoch") == 1, a
+    load.stop()
+    await asyncio.wait_for(task, STEP_S)
+    assert not load.errors, load.errors[:3]
+    bases = {}
+    for d in [c.data_dir(i) for i in range(3)] + [j.data for j in new]:
+        with open(os.path.join(d, "epochs", "1", "BASE"), "rb") as f:
+            bases[d] = f.read()
+    assert len(set(bases.values())) == 1
+    every = list(c.client_addresses) + [j.client for j in new]
+    async with CellarClient(every, timeout_s=3.0, deadline_s=STEP_S) as cellar:
+        s = cellar.session()
+        missing = [k for k, v in list(load.acked.items()) if await s.get(k) != v]
+    assert not missing and len(load.acked) > 20, (missing[:5], len(load.acked))
+
+
+async def test_a_joiner_whose_join_endpoints_are_gone_joins_by_the_epoch_notice(cluster, joiners, tmp_path):
+    """Liveness: a newcomer asks only its ``--join`` endpoints for the base. If those
+    are gone (here: a port nothing listens on), it waited for ever although the new
+    epoch's members send it ``epoch_notice`` (it is in their list); now its joining port
+    takes the notice's sender as one more place to ask."""
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    (dead,) = free_ports(1)
+    new = [Joiner(tmp_path, "A", [("127.0.0.1", dead)]), Joiner(tmp_path, "B", c.client_addresses)]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                endpoints(c.client_addresses), "--json", "--wait", "20")
+    assert p.returncode == 0, p.stderr[-800:]
+    a = await epoch_of(new[0].client)
+    assert a.get("epoch") == 1 and a.get("name") == "A", a
