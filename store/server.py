@@ -373,6 +373,33 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
 
     addrs = cfg.extra["join"]
     ssl = _client_ssl(cfg)
+    # A joiner must be new in the epoch it joins. Under the name of a current member (one
+    # that lost its disk, say) it would run with an empty log and forget that member's
+    # promises: so first learn the members as they are, refuse a name they already
+    # have, and then take only a base of a later epoch.
+    seen = None
+    while seen is None and not life.stopping:
+        for addr in addrs:
+            try:
+                a = await membership.ask(addr, ["epoch"], ssl=ssl)
+            except (OSError, ConnectionError, TimeoutError, membership.MembershipError, ValueError) as e:
+                log.debug("join: no members from %s:%d: %s", addr[0], addr[1], e)
+                continue
+            if type(a) is not dict or a.get("joining") or type(a.get("epoch")) is not int:
+                continue
+            if a.get("cluster_id", cfg.cluster_id) != cfg.cluster_id:
+                raise NodeError(f"{addr[0]}:{addr[1]} serves cluster {a.get('cluster_id')!r}, not {cfg.cluster_id!r} "
+                                "(--cluster-id)")
+            if name in [membership.member_name(m) for m in a.get("members") or () if type(m) is str]:
+                raise NodeError(f"{name} is already a member of epoch {a['epoch']}: a new member needs a name the "
+                                f"members do not have (if {name} lost its data dir, replace it: cellar member replace "
+                                f"{name} NEWNAME=HOST:PORT,CLIENTHOST:CLIENTPORT)")
+            seen = a["epoch"]
+            break
+        else:
+            await asyncio.sleep(0.2)
+    if seen is None:
+        return None
     # Our client port answers ``joining`` meanwhile: ``cellar member add`` checks that
     # we run, under the name, peer address and cluster id it is about to propose.
     host, port = cfg.client_address
@@ -399,7 +426,7 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
                     base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
                 except membership.MembershipError as e:
                     raise NodeError(str(e)) from None
-                if base is not None and name in [membership.member_name(m) for m in base.members]:
+                if base is not None and base.epoch > seen and name in [membership.member_name(m) for m in base.members]:
                     return base
             await asyncio.sleep(0.2)
         return None

@@ -304,18 +304,50 @@ async def test_a_member_paused_through_the_switch_catches_up_and_every_base_is_t
 
 async def test_a_joiner_whose_join_endpoints_are_gone_joins_by_the_epoch_notice(cluster, joiners, tmp_path):
     """Liveness: a newcomer asks only its ``--join`` endpoints for the base. If those
-    are gone (here: a port nothing listens on), it waited for ever although the new
-    epoch's members send it ``epoch_notice`` (it is in their list); now its joining port
-    takes the notice's sender as one more place to ask."""
+    are gone by the time it is added (here: its one endpoint stops), it waited for ever
+    although the new epoch's members send it ``epoch_notice`` (it is in their list); now
+    its joining port takes the notice's sender as one more place to ask."""
     c = cluster()
     await c.await_ready(timeout_s=30)
-    (dead,) = free_ports(1)
-    new = [Joiner(tmp_path, "A", [("127.0.0.1", dead)]), Joiner(tmp_path, "B", c.client_addresses)]
+    new = [Joiner(tmp_path, "A", c.client_addresses[:1]), Joiner(tmp_path, "B", c.client_addresses)]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    deadline = time.monotonic() + 20.0
+    while not (await epoch_of(new[0].client)).get("joining"):
+        assert time.monotonic() < deadline, "A never answered"
+        await asyncio.sleep(0.1)
+    c.stop(0)
+    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                endpoints(c.client_addresses[1:]), "--client-of", "0=%s:%d" % c.client_addresses[0],
+                                "--json", "--wait", "20")
+    assert p.returncode == 0, p.stderr[-800:]
+    a = await epoch_of(new[0].client)
+    assert a.get("epoch") == 1 and a.get("name") == "A", a
+
+
+async def test_a_joiner_under_the_name_of_a_current_member_is_refused(cluster, joiners, tmp_path):
+    """Finding R7 (safety): ``serve --join`` accepts any base that names it. Started on
+    an empty data dir under the name of a current member that is down (the natural
+    "bring back A" after A lost its disk), it fetches the current base, which names A,
+    and runs as A with an empty log: A's promises and acceptances are forgotten, and a
+    quorum counting the new A may choose a second value for a slot already decided
+    (docs/operations.md: never bring a replica back empty under its old name). A joiner
+    must be new in the epoch it joins: it refuses, with one line, a name the members
+    already have."""
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
     joiners.extend(new)
     for j in new:
         j.start()
     p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses), "--json", "--wait", "20")
+                                endpoints(c.client_addresses), "--json")
     assert p.returncode == 0, p.stderr[-800:]
-    a = await epoch_of(new[0].client)
-    assert a.get("epoch") == 1 and a.get("name") == "A", a
+    a = new[0]
+    a.stop()
+    again = list(a.args)
+    again[again.index("--data-dir") + 1] = str(tmp_path / "join-A-empty")
+    out = await asyncio.to_thread(subprocess.run, again, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "already a member" in out.stderr, (out.returncode, out.stderr[-600:])
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
