@@ -266,6 +266,9 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
 
     addresses = parse_endpoints(endpoints)
     epoch, members, sequencer, answers = await _current(addresses, timeout_s)
+    protocols = {a.get("protocol") for a in answers if "error" not in a and not a.get("retired")} - {None}
+    if protocols - {"sdpaxos"}:
+        raise CLIError(f"{', '.join(sorted(protocols - {'sdpaxos'}))} does not change membership (SDPaxos does)")
     given = _client_addresses(client_of)
     members = [f"{m},{given[m.partition('=')[0]]}" if client_part(m) is None and m.partition("=")[0] in given else m
                for m in members]
@@ -287,6 +290,12 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
         raise CLIError(f"{', '.join(unknown)} did not answer, so its client address is unknown and it could not be "
                        f"told of the new epoch when it is back: give it (--client-of {unknown[0]}=HOST:PORT) or "
                        "start it first")
+    from consensus.runtime.membership import MembershipError, check_members
+
+    try:
+        check_members(new)  # distinct names and addresses, before any newcomer is looked for
+    except MembershipError as e:
+        raise CLIError(str(e)) from None
     if sequencer is None or sequencer.partition("=")[0] in drop:
         sequencer = new[0]
     else:

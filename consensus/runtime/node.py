@@ -1017,6 +1017,7 @@ class Node:
         name = membership.member_name(members[cfg.node_id])
         cluster = cfg.cluster_id.rpartition("@e")[0] if cfg.epoch else cfg.cluster_id
         return {"epoch": cfg.epoch, "members": list(members), "name": name, "cluster_id": cluster,
+                "protocol": cfg.protocol,
                 "member": membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address),
                 "sequencer": members[seq] if type(seq) is int and 0 <= seq < len(members) else None,
                 "ended": self.epoch_ended is not None}

@@ -351,3 +351,45 @@ async def test_a_joiner_under_the_name_of_a_current_member_is_refused(cluster, j
     out = await asyncio.to_thread(subprocess.run, again, capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "already a member" in out.stderr, (out.returncode, out.stderr[-600:])
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+async def test_bad_membership_input_gives_one_line_and_changes_nothing(cluster, tmp_path):
+    """Checked: each malformed or impossible change is refused with one line, before
+    anything is proposed (the multi-paxos one now before the joiners are looked for),
+    and every member is still in epoch 0."""
+    from consensus.runtime import clientwire
+
+    c = cluster()
+    mp = cluster(protocol="multipaxos")
+    await c.await_ready(timeout_s=30)
+    await mp.await_ready(timeout_s=30)
+    e = endpoints(c.client_addresses)
+    x, y = "X=127.0.0.1:1,127.0.0.1:2", "Y=127.0.0.1:3,127.0.0.1:4"
+    cases = {
+        "no client address": (["member", "add", "X=127.0.0.1:1", "--endpoints", e], "client address"),
+        "even count": (["member", "add", x, "--endpoints", e], "odd number"),
+        "malformed": (["member", "add", "X=bad", y, "--endpoints", e], "HOST:PORT"),
+        "duplicate name": (["member", "add", x, "X=127.0.0.1:3,127.0.0.1:4", "--endpoints", e], "distinct"),
+        "existing name": (["member", "add", "1=127.0.0.1:1,127.0.0.1:2", y, "--endpoints", e], "already a member"),
+        "unknown member": (["member", "remove", "7", "--endpoints", e], "not a member"),
+        "too few": (["member", "remove", "1", "2", "--endpoints", e], "odd number"),
+        "not running": (["member", "add", x, y, "--endpoints", e], "does not answer"),
+        "multipaxos": (["member", "add", x, y, "--endpoints", endpoints(mp.client_addresses)], "multipaxos"),
+    }
+    for what, (args, needle) in cases.items():
+        p = await asyncio.to_thread(cli, *args, "--wait", "2")
+        assert p.returncode != 0 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (what, p.stderr)
+    async with CellarClient(c.client_addresses, timeout_s=3.0) as cellar:
+        members = (await cellar.call_once(0, clientwire.ADMIN, "review", 1, ["epoch"]))["members"]
+        for op, needle in ((["reconfig", members[:2], members[0], 0], "odd number"),
+                           (["reconfig", members, "nobody", 0], "not a member"),
+                           (["reconfig", members, members[0], "0"], "EPOCH"),
+                           (["reconfig", members, members[0], 5], "busy"),
+                           (["reconfig", "x", members[0], 0], "members")):
+            with pytest.raises(Exception, match=needle):
+                await cellar.call_once(0, clientwire.ADMIN, f"review-{needle}", 1, op)
+        with pytest.raises(Exception, match="admin request"):
+            await cellar.call_once(0, clientwire.CALL, "review-raw", 1, ["cellar.reconfig", 0, members, members[0]])
+    for addr in c.client_addresses + mp.client_addresses:
+        a = await epoch_of(addr)
+        assert a.get("epoch") == 0 and not a.get("ended"), a
