@@ -8,11 +8,16 @@ their status).
 ``add NAME=HOST:PORT --client HOST:PORT`` and ``remove NAME`` change the members
 through the log (docs/membership.md): the current members are read from the
 endpoints (each replica's own entry: name, peer and client address), the new list is
-proposed as one admin request (``["reconfig", members, sequencer]``, the admin
+proposed as one admin request (``["reconfig", members, sequencer, epoch]``, the admin
 certificate with TLS), which closes the epoch; every member then moves to the next.
 ``add`` first needs the new member running: ``cellar serve --join ENDPOINT --name
 NAME --listen HOST:PORT --client HOST:PORT --data-dir DIR`` (it waits for the
-members to name it); ``add`` then waits, bounded, until it serves the new epoch.
+members to name it, and answers ``joining`` meanwhile: ``add`` checks its name, peer
+address and cluster id before proposing anything); ``add`` then waits, bounded, until
+it and a majority of the new list serve the new epoch. The request names the epoch the
+members were read at: a member of a newer epoch refuses it as stale (another change
+came first). A member that stays but does not answer needs ``--client-of NAME=HOST:PORT``
+(the new epoch tells it where its base is when it is back).
 Removing the sequencer names another member sequencer of the next epoch. A replaced
 machine is ``add`` of the new one, then ``remove`` of the old (or the other order).
 """
@@ -277,8 +282,9 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
         if d not in names:
             raise CLIError(f"{d} is not a member of epoch {epoch} ({', '.join(names)})")
     for a in add:
-        if a.partition("=")[0] in names and a.partition("=")[0] not in drop:
-            raise CLIError(f"{a.partition('=')[0]} is already a member of epoch {epoch}")
+        if a.partition("=")[0] in names:  # also one being removed: a new process needs a new name
+            raise CLIError(f"{a.partition('=')[0]} is already a member of epoch {epoch}: a new member needs a new "
+                           "name")
     new = [m for m in members if m.partition("=")[0] not in drop] + add
     if len(new) < 3 or len(new) % 2 == 0:
         raise CLIError(f"that leaves {len(new)} members: a configuration has an odd number, at least 3 "

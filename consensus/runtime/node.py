@@ -977,7 +977,9 @@ class Node:
             self._flush_clients()
 
     def _reconfig_command(self, op: list) -> list | str:
-        """``["reconfig", members, sequencer]`` (admin) -> the core's command, or why not."""
+        """``["reconfig", members, sequencer, epoch]`` (admin; ``epoch``: the one the
+        members were read at, refused as stale if older than ours) -> the core's
+        command, or why not."""
         if self.cfg.protocol != "sdpaxos":
             return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
         if self.cfg.tls:
