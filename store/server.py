@@ -338,10 +338,9 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         raise NodeError(f"data dir {cfg.data_dir} is member {recorded}'s, not {name}'s: start it with --name "
                         f"{recorded} (or --id {recorded} for one of the first members)")
     if removed is None and base is None and cfg.extra.get("join"):
-        base = await _join(cfg, name, life)
+        base = await _join(cfg, name, life, store)
         if base is None:
             return 0  # stopped while waiting
-        store.record_member(name)
         store.store(base)
     if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
         store.mark_removed(base)  # a crash between storing the base that left us out and this
@@ -366,7 +365,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     return await _retire(cfg, name, removed, ready_file, life)
 
 
-async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
+async def _join(cfg: NodeConfig, name: str, life: _Lifetime, store: Any) -> Any:
     """``serve --join HOST:PORT``: ask that replica for its epoch's base until one names
     us (the operator's ``cellar member add`` comes after this starts); None if stopped."""
     from consensus.runtime import membership
@@ -376,8 +375,11 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
     # A joiner must be new in the epoch it joins. Under the name of a current member (one
     # that lost its disk, say) it would run with an empty log and forget that member's
     # promises: so first learn the members as they are, refuse a name they already
-    # have, and then take only a base of a later epoch.
-    seen = None
+    # have, claim this data dir for the name (MEMBER), and then take only a base of a
+    # later epoch. A dir this joiner claimed before (restarted while waiting, or after
+    # it was added but before it stored its base) never ran a node: any base naming it
+    # is safe to take.
+    seen = -1 if store.member() == name else None
     while seen is None and not life.stopping:
         for addr in addrs:
             try:
@@ -400,6 +402,8 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
             await asyncio.sleep(0.2)
     if seen is None:
         return None
+    store.record_member(name)
+    me = (cfg.peers[cfg.node_id][0], cfg.peers[cfg.node_id][1])
     # Our client port answers ``joining`` meanwhile: ``cellar member add`` checks that
     # we run, under the name, peer address and cluster id it is about to propose.
     host, port = cfg.client_address
@@ -426,7 +430,11 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
                     base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
                 except membership.MembershipError as e:
                     raise NodeError(str(e)) from None
-                if base is not None and base.epoch > seen and name in [membership.member_name(m) for m in base.members]:
+                named = [m for m in (base.members if base is not None else ()) if membership.member_name(m) == name]
+                if named and base.epoch > seen:
+                    if membership.parse_member(named[0])[1:] != me:
+                        raise NodeError(f"epoch {base.epoch} names {named[0]}, but this {name} listens on "
+                                        f"{me[0]}:{me[1]} (--listen)")
                     return base
             await asyncio.sleep(0.2)
         return None

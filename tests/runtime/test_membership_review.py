@@ -393,3 +393,28 @@ async def test_bad_membership_input_gives_one_line_and_changes_nothing(cluster, 
     for addr in c.client_addresses + mp.client_addresses:
         a = await epoch_of(addr)
         assert a.get("epoch") == 0 and not a.get("ended"), a
+
+
+async def test_a_joiner_restarted_after_it_was_added_but_before_its_base_still_joins(cluster, joiners, tmp_path):
+    """The other side of R7: a joiner that claimed its data dir while waiting (MEMBER)
+    and was stopped after the change named it but before it stored its base never ran a
+    node, so it forgot nothing: restarted, it takes the base that names it."""
+    from store import member_cli
+
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    deadline = time.monotonic() + 20.0
+    while not (await epoch_of(new[0].client)).get("joining"):
+        assert time.monotonic() < deadline, "A never answered"
+        await asyncio.sleep(0.1)
+    new[0].stop()
+    epoch, members, sequencer, _ = await member_cli._current(c.client_addresses, 2.0)
+    await member_cli._propose(c.client_addresses, members + [j.entry for j in new], sequencer, epoch, 2.0, 20.0,
+                              ("B",))
+    new[0].start()
+    a = await wait_epoch(new[0].client, 1, 20.0)
+    assert a.get("epoch") == 1 and a.get("name") == "A", (a, open(new[0].log).read()[-600:])
