@@ -1059,9 +1059,11 @@ class Node:
             if self.cfg.epoch_base is None:
                 return [clientwire.ERROR, "epoch 0 has no base: this cluster never changed its members"]
             return [clientwire.OK, {"epoch": self.cfg.epoch, "base": self.cfg.epoch_base, "cluster_id": cluster}]
-        if op[0] == "epoch_notice" and len(op) == 3 and type(op[1]) is int and type(op[2]) is list and len(op[2]) == 2:
+        if (op[0] == "epoch_notice" and len(op) == 3 and type(op[1]) is int and type(op[2]) is list
+                and len(op[2]) == 2 and type(op[2][0]) is str and 0 < len(op[2][0]) <= 255
+                and type(op[2][1]) is int and 0 < op[2][1] < 65536):  # checked: a raise here stops the node
             if op[1] > self.cfg.epoch and self.epoch_ended is None and self.on_epoch_notice is not None:
-                self.on_epoch_notice(op[1], (str(op[2][0]), int(op[2][1])))
+                self.on_epoch_notice(op[1], (op[2][0], op[2][1]))
             return [clientwire.OK, {"epoch": self.cfg.epoch}]
         return [clientwire.ERROR, f"malformed epoch operation {op!r:.60}"]
 

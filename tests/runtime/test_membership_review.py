@@ -418,3 +418,27 @@ async def test_a_joiner_restarted_after_it_was_added_but_before_its_base_still_j
     new[0].start()
     a = await wait_epoch(new[0].client, 1, 20.0)
     assert a.get("epoch") == 1 and a.get("name") == "A", (a, open(new[0].log).read()[-600:])
+
+
+async def test_a_malformed_epoch_notice_is_refused_and_the_node_keeps_serving(cluster):
+    """Finding R8: ``_admin_epoch`` took ``int(op[2][1])`` of an ``epoch_notice`` on
+    faith, and ``membership._address`` ``int(port)`` of any ``port.isdigit()`` ("²");
+    either raised out of the client frame handler, which is crash-only: one bad admin
+    request (any client, without TLS) stopped the replica."""
+    from consensus.runtime import clientwire
+
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    async with CellarClient(c.client_addresses[:1], timeout_s=3.0) as cellar:
+        for i, port in enumerate(["x", None, [1], 1e400, 70000]):
+            with pytest.raises(Exception, match="malformed"):
+                await cellar.call_once(0, clientwire.ADMIN, "review", i + 1, ["epoch_notice", 5, ["127.0.0.1", port]])
+    # The same for a member whose port has a digit int() refuses ("²".isdigit() is true).
+    async with CellarClient(c.client_addresses[:1], timeout_s=3.0) as cellar:
+        members = (await cellar.call_once(0, clientwire.ADMIN, "review", 10, ["epoch"]))["members"]
+        with pytest.raises(Exception, match="HOST:PORT"):
+            await cellar.call_once(0, clientwire.ADMIN, "review", 11,
+                                   ["reconfig", members + ["X=127.0.0.1:\u00b2", "Y=127.0.0.1:9"], members[0], 0])
+    async with CellarClient(c.client_addresses[:1], timeout_s=3.0) as cellar:
+        st = await cellar.status(0)
+    assert st.get("epoch") == 0 and c.alive(0)
