@@ -387,12 +387,13 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime, store: Any) -> Any:
             except (OSError, ConnectionError, TimeoutError, membership.MembershipError, ValueError) as e:
                 log.debug("join: no members from %s:%d: %s", addr[0], addr[1], e)
                 continue
-            if type(a) is not dict or a.get("joining") or type(a.get("epoch")) is not int:
+            if (type(a) is not dict or a.get("joining") or type(a.get("epoch")) is not int
+                    or type(a.get("members")) is not list):
                 continue
             if a.get("cluster_id", cfg.cluster_id) != cfg.cluster_id:
                 raise NodeError(f"{addr[0]}:{addr[1]} serves cluster {a.get('cluster_id')!r}, not {cfg.cluster_id!r} "
                                 "(--cluster-id)")
-            if name in [membership.member_name(m) for m in a.get("members") or () if type(m) is str]:
+            if name in [membership.member_name(m) for m in a["members"] if type(m) is str]:
                 raise NodeError(f"{name} is already a member of epoch {a['epoch']}: a new member needs a name the "
                                 f"members do not have (if {name} lost its data dir, replace it: cellar member replace "
                                 f"{name} NEWNAME=HOST:PORT,CLIENTHOST:CLIENTPORT)")

@@ -346,6 +346,6 @@ async def fetch_base(addr: tuple[str, int], *, ssl: Any = None, cluster_id: str 
             raise
         log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
         return None
-    except (OSError, ConnectionError, TimeoutError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ConnectionError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as e:
         log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
         return None
