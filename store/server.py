@@ -345,7 +345,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
         store.mark_removed(base)  # a crash between storing the base that left us out and this
         removed = base
-    prev_members: tuple = ()
+    prev_members: tuple = store.previous(base.epoch) if base is not None and removed is None else ()
     while removed is None:
         ecfg = cfg if base is None else epoch_config(cfg, base, name)
         outcome = await _run_epoch(ecfg, ready_file, life, prev_members)
@@ -353,7 +353,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
             return outcome
         prev_members = ecfg.member_list()
         store.record_member(name)  # this dir has served as ``name``: a restart under another is refused
-        store.store(outcome)
+        store.store(outcome, prev_members)
         store.drop_before(outcome.epoch)
         if name not in [membership.member_name(m) for m in outcome.members]:
             store.mark_removed(outcome)

@@ -52,6 +52,7 @@ log = logging.getLogger("cellar.membership")
 
 BASE_FILE = "BASE"
 REMOVED_FILE = "REMOVED"
+PREV_FILE = "PREV"  # in an epoch's dir: the members of the epoch this process left for it (to notify)
 MEMBER_FILE = "MEMBER"  # the member name this data dir serves under (written before its first base)
 MOVED = "moved"  # the error prefix that sends a client to another endpoint
 
@@ -158,7 +159,17 @@ class EpochStore:
         with open(path, "rb") as f:
             return EpochBase.unpack(f.read())
 
-    def store(self, base: EpochBase) -> str:
+    def previous(self, epoch: int) -> tuple:
+        """The members this process left for ``epoch`` (PREV; () if none): the new
+        epoch's node notifies them also after a restart (review R9)."""
+        try:
+            with open(os.path.join(self.epoch_dir(epoch), PREV_FILE), "rb") as f:
+                prev = msgpack.unpackb(f.read(), raw=False)
+        except (OSError, ValueError, msgpack.UnpackException):
+            return ()
+        return tuple(m for m in prev if type(m) is str) if type(prev) is list else ()
+
+    def store(self, base: EpochBase, prev: tuple = ()) -> str:
         """Make epoch ``base.epoch``'s data dir complete: its first snapshot is the base;
         ``BASE`` is renamed into place last, so a crash leaves it incomplete (ignored,
         redone from the base the old epoch's members still hold)."""
@@ -175,6 +186,8 @@ class EpochStore:
             write_file_synced(path + ".tmp", image)
             os.replace(path + ".tmp", path)
             fsync_dir(snaps)
+        if prev:
+            write_file_synced(os.path.join(d, PREV_FILE), msgpack.packb(list(prev), use_bin_type=True))
         packed = base.pack()
         tmp = os.path.join(d, BASE_FILE + ".tmp")
         write_file_synced(tmp, packed)

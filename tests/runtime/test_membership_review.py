@@ -442,3 +442,35 @@ async def test_a_malformed_epoch_notice_is_refused_and_the_node_keeps_serving(cl
     async with CellarClient(c.client_addresses[:1], timeout_s=3.0) as cellar:
         st = await cellar.status(0)
     assert st.get("epoch") == 0 and c.alive(0)
+
+
+async def test_a_member_removed_while_down_is_told_also_after_the_others_restart(cluster, joiners, tmp_path):
+    """Finding R9: a new epoch's nodes notify the previous epoch's members only if the
+    process moved from that epoch itself (``prev_members`` lives in ``run_node``'s
+    memory). Once the new members restart, a member removed while it was down is told
+    by no one: restarted with its data it stays in the old epoch for ever (neither a
+    member nor retired; clients time out instead of hearing ``moved``)."""
+    c = cluster()
+    await c.await_ready(timeout_s=30)
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                endpoints(c.client_addresses), "--json")
+    assert p.returncode == 0, p.stderr[-800:]
+    c.stop(2)  # down while it is removed
+    p = await asyncio.to_thread(cli, "member", "remove", "2", "B", "--endpoints",
+                                endpoints(c.client_addresses[:2] + [new[0].client]), "--json")
+    assert p.returncode == 0, p.stderr[-800:]
+    for i in (0, 1):  # the remaining members restart (an upgrade, a reboot)
+        c.stop(i)
+        c.start(i)
+        await c.await_ready(i, timeout_s=30)
+    new[0].stop()
+    new[0].start()
+    assert (await wait_epoch(new[0].client, 2, 20.0)).get("epoch") == 2
+    c.start(2)
+    await c.await_ready(2, timeout_s=30)
+    a = await wait_epoch(c.client_addresses[2], 2, 20.0)
+    assert a.get("retired") is True, a
