@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import click
@@ -129,9 +130,13 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
     async with CellarClient(addresses, timeout_s=max(timeout_s, 5.0), connect_timeout_s=timeout_s,
                             **client_tls()) as cellar:
         last = None
+        # One client id and seq for every attempt (as a session retries): if an attempt
+        # whose answer was lost executed, the next gets its answer from the client
+        # session instead of "epoch e already ends with a reconfiguration".
+        client_id = f"member-{os.getpid()}-{time.time_ns()}"
         for i in range(len(addresses)):
             try:
-                result = await cellar.call_once(i, clientwire.ADMIN, f"member-{time.time_ns()}", 1,
+                result = await cellar.call_once(i, clientwire.ADMIN, client_id, 1,
                                                 ["reconfig", members, sequencer, epoch])
             except CellarError as e:
                 if str(e).startswith(("busy", "moved")) or "stale:" in str(e):
