@@ -330,13 +330,18 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, life.stop)
     try:
+        recorded = store.member()
         removed = store.removed()
         base = store.current()
     except (OSError, ValueError) as e:
         raise NodeError(f"data dir {cfg.data_dir}: unreadable membership state: {e}") from None
     fresh = False
+    if recorded is not None and recorded != name:
+        # Not a removal: a typo in --name/--id must not retire this member for good.
+        raise NodeError(f"data dir {cfg.data_dir} is member {recorded}'s, not {name}'s: start it with --name "
+                        f"{recorded} (or --id {recorded} for one of the first members)")
     if removed is None and base is None and cfg.extra.get("join"):
-        base = await _join(cfg, name, life)
+        base = await _join(cfg, name, life, store)
         if base is None:
             return 0  # stopped while waiting
         store.store(base)
@@ -344,7 +349,7 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     if removed is None and base is not None and name not in [membership.member_name(m) for m in base.members]:
         store.mark_removed(base)  # a crash between storing the base that left us out and this
         removed = base
-    prev_members: tuple = ()
+    prev_members: tuple = store.previous(base.epoch) if base is not None and removed is None else ()
     while removed is None:
         ecfg = cfg if base is None else epoch_config(cfg, base, name)
         if fresh:
@@ -354,7 +359,8 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         if type(outcome) is not membership.EpochBase:
             return outcome
         prev_members = ecfg.member_list()
-        store.store(outcome)
+        store.record_member(name)  # this dir has served as ``name``: a restart under another is refused
+        store.store(outcome, prev_members)
         store.drop_before(outcome.epoch)
         if name not in [membership.member_name(m) for m in outcome.members]:
             store.mark_removed(outcome)
@@ -367,26 +373,85 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
     return await _retire(cfg, name, removed, ready_file, life)
 
 
-async def _join(cfg: NodeConfig, name: str, life: _Lifetime) -> Any:
+async def _join(cfg: NodeConfig, name: str, life: _Lifetime, store: Any) -> Any:
     """``serve --join HOST:PORT``: ask that replica for its epoch's base until one names
     us (the operator's ``cellar member add`` comes after this starts); None if stopped."""
     from consensus.runtime import membership
 
     addrs = cfg.extra["join"]
     ssl = _client_ssl(cfg)
+    # A joiner must be new in the epoch it joins. Under the name of a current member (one
+    # that lost its disk, say) it would run with an empty log and forget that member's
+    # promises: so first learn the members as they are, refuse a name they already
+    # have, claim this data dir for the name (MEMBER), and then take only a base of a
+    # later epoch. A dir this joiner claimed before (restarted while waiting, or after
+    # it was added but before it stored its base) never ran a node: any base naming it
+    # is safe to take.
+    seen = -1 if store.member() == name else None
+    while seen is None and not life.stopping:
+        for addr in addrs:
+            try:
+                a = await membership.ask(addr, ["epoch"], ssl=ssl)
+            except (OSError, ConnectionError, TimeoutError, membership.MembershipError, ValueError) as e:
+                log.debug("join: no members from %s:%d: %s", addr[0], addr[1], e)
+                continue
+            if (type(a) is not dict or a.get("joining") or type(a.get("epoch")) is not int
+                    or type(a.get("members")) is not list):
+                continue
+            if a.get("cluster_id", cfg.cluster_id) != cfg.cluster_id:
+                raise NodeError(f"{addr[0]}:{addr[1]} serves cluster {a.get('cluster_id')!r}, not {cfg.cluster_id!r} "
+                                "(--cluster-id)")
+            if name in [membership.member_name(m) for m in a["members"] if type(m) is str]:
+                raise NodeError(f"{name} is already a member of epoch {a['epoch']}: a new member needs a name the "
+                                f"members do not have (if {name} lost its data dir, replace it: cellar member replace "
+                                f"{name} NEWNAME=HOST:PORT,CLIENTHOST:CLIENTPORT)")
+            seen = a["epoch"]
+            break
+        else:
+            await asyncio.sleep(0.2)
+    if seen is None:
+        return None
+    store.record_member(name)
+    me = (cfg.peers[cfg.node_id][0], cfg.peers[cfg.node_id][1])
+    # Our client port answers ``joining`` meanwhile: ``cellar member add`` checks that
+    # we run, under the name, peer address and cluster id it is about to propose.
+    host, port = cfg.client_address
+    server_ssl = None
+    if cfg.tls:
+        from consensus.transport import tls
+
+        server_ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    entry = membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address)
+    conns: set = set()
+    notified: set = set()  # members that sent us an epoch notice (the --join endpoints may be gone)
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            lambda: membership.JoiningPort(name, entry, cfg.cluster_id, conns, notified), host, port, ssl=server_ssl)
+    except OSError as e:
+        raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
     sys.stderr.write(f"cellar serve: {name} waits to be added (asking {', '.join('%s:%d' % a for a in addrs)} "
                      f"for the members)\n")
     sys.stderr.flush()
-    while not life.stopping:
-        for addr in addrs:
-            try:
-                base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
-            except membership.MembershipError as e:
-                raise NodeError(str(e)) from None
-            if base is not None and name in [membership.member_name(m) for m in base.members]:
-                return base
-        await asyncio.sleep(0.2)
-    return None
+    try:
+        while not life.stopping:
+            for addr in list(addrs) + sorted(notified - set(addrs)):
+                try:
+                    base = await membership.fetch_base(addr, ssl=ssl, cluster_id=cfg.cluster_id)
+                except membership.MembershipError as e:
+                    raise NodeError(str(e)) from None
+                named = [m for m in (base.members if base is not None else ()) if membership.member_name(m) == name]
+                if named and base.epoch > seen:
+                    if membership.parse_member(named[0])[1:] != me:
+                        raise NodeError(f"epoch {base.epoch} names {named[0]}, but this {name} listens on "
+                                        f"{me[0]}:{me[1]} (--listen)")
+                    return base
+            await asyncio.sleep(0.2)
+        return None
+    finally:
+        server.close()
+        for t in list(conns):
+            t.abort()
+        await server.wait_closed()
 
 
 def _client_ssl(cfg: NodeConfig) -> Any:

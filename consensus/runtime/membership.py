@@ -52,6 +52,8 @@ log = logging.getLogger("cellar.membership")
 
 BASE_FILE = "BASE"
 REMOVED_FILE = "REMOVED"
+PREV_FILE = "PREV"  # in an epoch's dir: the members of the epoch this process left for it (to notify)
+MEMBER_FILE = "MEMBER"  # the member name this data dir serves under (written before its first base)
 MOVED = "moved"  # the error prefix that sends a client to another endpoint
 
 
@@ -61,7 +63,9 @@ class MembershipError(ValueError):
 
 def _address(text: str, whole: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # isascii: "²".isdigit() is true and int("²") raises (out of the node's client frame
+    # handler, which is crash-only: review R8)
+    if not host or not (port.isascii() and port.isdigit()) or len(port) > 5 or not 0 < int(port) < 65536:
         raise MembershipError(f"member {whole!r:.80}: an address must be HOST:PORT")
     return host, int(port)
 
@@ -71,7 +75,7 @@ def parse_member(text: Any) -> tuple[str, str, int]:
     if type(text) is not str or "=" not in text:
         raise MembershipError(f"a member is NAME=HOST:PORT[,CLIENTHOST:CLIENTPORT], not {text!r:.80}")
     name, _, addrs = text.partition("=")
-    if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+    if not name or not name.isascii() or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
         raise MembershipError(f"member name {name!r:.80}: letters, digits, - and _ only (at most 64)")
     peer, _, client = addrs.partition(",")
     host, port = _address(peer, text)
@@ -155,7 +159,17 @@ class EpochStore:
         with open(path, "rb") as f:
             return EpochBase.unpack(f.read())
 
-    def store(self, base: EpochBase) -> str:
+    def previous(self, epoch: int) -> tuple:
+        """The members this process left for ``epoch`` (PREV; () if none): the new
+        epoch's node notifies them also after a restart (review R9)."""
+        try:
+            with open(os.path.join(self.epoch_dir(epoch), PREV_FILE), "rb") as f:
+                prev = msgpack.unpackb(f.read(), raw=False)
+        except (OSError, ValueError, msgpack.UnpackException):
+            return ()
+        return tuple(m for m in prev if type(m) is str) if type(prev) is list else ()
+
+    def store(self, base: EpochBase, prev: tuple = ()) -> str:
         """Make epoch ``base.epoch``'s data dir complete: its first snapshot is the base;
         ``BASE`` is renamed into place last, so a crash leaves it incomplete (ignored,
         redone from the base the old epoch's members still hold)."""
@@ -172,12 +186,33 @@ class EpochStore:
             write_file_synced(path + ".tmp", image)
             os.replace(path + ".tmp", path)
             fsync_dir(snaps)
+        if prev:
+            write_file_synced(os.path.join(d, PREV_FILE), msgpack.packb(list(prev), use_bin_type=True))
         packed = base.pack()
         tmp = os.path.join(d, BASE_FILE + ".tmp")
         write_file_synced(tmp, packed)
         os.replace(tmp, os.path.join(d, BASE_FILE))
         fsync_dir(d)
         return d
+
+    def member(self) -> str | None:
+        """The member name recorded for this data dir (None: none yet)."""
+        try:
+            with open(os.path.join(self.root, MEMBER_FILE), encoding="utf-8") as f:
+                return f.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def record_member(self, name: str) -> None:
+        """Record ``name`` (before the first base is stored: a restart under another
+        name is then refused instead of being taken for a removal)."""
+        if self.member() == name:
+            return
+        makedirs_durable(self.root)
+        tmp = os.path.join(self.root, MEMBER_FILE + ".tmp")
+        write_file_synced(tmp, name.encode())
+        os.replace(tmp, os.path.join(self.root, MEMBER_FILE))
+        fsync_dir(self.root)
 
     def mark_removed(self, base: EpochBase) -> None:
         tmp = os.path.join(self.root, REMOVED_FILE + ".tmp")
@@ -238,6 +273,51 @@ class RetiredPort(asyncio.Protocol):
         return [client, seq, clientwire.ERROR, moved_message(self.name, self.base)]
 
 
+class JoiningPort(asyncio.Protocol):
+    """The client port of a new member waiting to be added (``serve --join``): it
+    answers status and ``["epoch"]`` with ``joining`` (its entry and cluster id, which
+    ``cellar member add`` checks before it proposes anything) and sends everything
+    else to the members with ``moved: ...``."""
+
+    def __init__(self, name: str, entry: str, cluster_id: str, conns: set, notified: set | None = None) -> None:
+        self.info = {"joining": True, "name": name, "member": entry, "cluster_id": cluster_id, "epoch": -1,
+                     "role": "joining"}
+        self.conns = conns
+        self.notified = notified  # client addresses of members that told us an epoch began: ask them too
+        self.decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conns.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conns.discard(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
+        except (ProtocolError, clientwire.BadRequest):
+            self.transport.abort()
+            return
+        if replies:
+            self.transport.write(encode_frame(replies))
+
+    def answer(self, req: list) -> list:
+        kind, client, seq, op = req
+        if kind == clientwire.STATUS or (kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch"):
+            return [client, seq, clientwire.OK, dict(self.info)]
+        if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
+            if (self.notified is not None and len(op) == 3 and type(op[2]) is list and len(op[2]) == 2
+                    and type(op[2][0]) is str and type(op[2][1]) is int and len(self.notified) < 64):
+                self.notified.add((op[2][0], op[2][1]))
+            return [client, seq, clientwire.OK, {"epoch": -1}]
+        return [client, seq, clientwire.ERROR, f"{MOVED}: {self.info['name']} is not a member yet (it waits to be "
+                                               "added)"]
+
+
 def moved_message(name: str, base: EpochBase) -> str:
     return (f"{MOVED}: {name} is not a member of epoch {base.epoch}; its members are "
             f"{', '.join(base.members)}")
@@ -279,6 +359,6 @@ async def fetch_base(addr: tuple[str, int], *, ssl: Any = None, cluster_id: str 
             raise
         log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
         return None
-    except (OSError, ConnectionError, TimeoutError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ConnectionError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as e:
         log.debug("no base from %s:%d: %s", addr[0], addr[1], e)
         return None

@@ -1003,15 +1003,23 @@ class Node:
             self._flush_clients()
 
     def _reconfig_command(self, op: list) -> list | str:
-        """``["reconfig", members, sequencer]`` (admin) -> the core's command, or why not."""
+        """``["reconfig", members, sequencer, epoch]`` (admin; ``epoch``: the one the
+        members were read at, refused as stale if older than ours) -> the core's
+        command, or why not."""
         if self.cfg.protocol != "sdpaxos":
             return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
         if len(op) not in (3, 4):
             return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER, EPOCH]"
-        if len(op) == 4 and op[3] != self.cfg.epoch:
-            # The change is meant for the epoch its sender read: a retry that reaches a
-            # member already past it must not change the members a second time.
-            return f"InvalidRequest: the members changed meanwhile: epoch {self.cfg.epoch} now, not {op[3]!r:.20}"
+        if len(op) == 4:
+            # The epoch the members were read at: a list computed from an older epoch
+            # must not close a newer one (it would undo the change in between).
+            if type(op[3]) is not int:
+                return "InvalidRequest: reconfig's EPOCH is the epoch the members were read at (a number)"
+            if op[3] < self.cfg.epoch:
+                return (f"InvalidRequest: stale: the members were read at epoch {op[3]}, and the cluster is at "
+                        f"epoch {self.cfg.epoch}; read them again")
+            if op[3] > self.cfg.epoch:
+                return f"busy: this member is at epoch {self.cfg.epoch}, behind epoch {op[3]}; ask another"
         try:
             members = membership.check_members(op[1])
         except membership.MembershipError as e:
@@ -1034,7 +1042,9 @@ class Node:
         st = self.replica.status()
         seq = st.get("sequencer", st.get("leader"))
         name = membership.member_name(members[cfg.node_id])
-        return {"epoch": cfg.epoch, "members": list(members), "name": name,
+        cluster = cfg.cluster_id.rpartition("@e")[0] if cfg.epoch else cfg.cluster_id
+        return {"epoch": cfg.epoch, "members": list(members), "name": name, "cluster_id": cluster,
+                "protocol": cfg.protocol,
                 "member": membership.member_entry(name, cfg.peers[cfg.node_id], cfg.client_address),
                 "sequencer": members[seq] if type(seq) is int and 0 <= seq < len(members) else None,
                 "ended": self.epoch_ended is not None}
@@ -1074,9 +1084,11 @@ class Node:
             if self.cfg.epoch_base is None:
                 return [clientwire.ERROR, "epoch 0 has no base: this cluster never changed its members"]
             return [clientwire.OK, {"epoch": self.cfg.epoch, "base": self.cfg.epoch_base, "cluster_id": cluster}]
-        if op[0] == "epoch_notice" and len(op) == 3 and type(op[1]) is int and type(op[2]) is list and len(op[2]) == 2:
+        if (op[0] == "epoch_notice" and len(op) == 3 and type(op[1]) is int and type(op[2]) is list
+                and len(op[2]) == 2 and type(op[2][0]) is str and 0 < len(op[2][0]) <= 255
+                and type(op[2][1]) is int and 0 < op[2][1] < 65536):  # checked: a raise here stops the node
             if op[1] > self.cfg.epoch and self.epoch_ended is None and self.on_epoch_notice is not None:
-                self.on_epoch_notice(op[1], (str(op[2][0]), int(op[2][1])))
+                self.on_epoch_notice(op[1], (op[2][0], op[2][1]))
             return [clientwire.OK, {"epoch": self.cfg.epoch}]
         return [clientwire.ERROR, f"malformed epoch operation {op!r:.60}"]
 
