@@ -93,7 +93,7 @@ def _rekey(keys: list[int], old: int, key: int) -> None:
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
     )
 
@@ -132,7 +132,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "leafs", "sub", "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "below", "pcell", "free", "ikey", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -232,6 +232,8 @@ class Cluster:
         # caches per chain against it.
         self.bad_version = 0
         self.bad_cache: dict[str, tuple[int, Any]] = {}
+        # Derived, not state: machine._candidates per request shape (config-only answers).
+        self.candidates_cache: dict[tuple[Any, ...], Any] = {}
         for i, (name, info) in enumerate(config.chains.items()):
             self.chains[name] = PChain(info, i)
             self.chains_by_leaf_type.setdefault(info.leaf_type, []).append(self.chains[name])
@@ -366,9 +368,13 @@ class Cluster:
         c = p
         while True:
             parent = c.parent
-            if parent is None or any(not s.in_free for s in parent.children if s is not c):
+            if parent is None:
                 self._free_add(c)
                 return
+            for s in parent.children:
+                if s is not c and not s.in_free:
+                    self._free_add(c)
+                    return
             for s in parent.children:
                 if s is not c:
                     self._free_remove(s)
@@ -510,19 +516,20 @@ class Cluster:
                 prio == OPPORTUNISTIC_PRIORITY:
             return False
         self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
-        for x, y in zip(vnode.sub[1:], pnode.sub[1:]):
+        for x, y in zip(vnode.below, pnode.below):
             x.pcell = y
             y.vcell = x
             x.free -= x.leaves  # each cell below the node: all its leaves taken
             y.used += y.leaves
             y.oavail -= y.leaves
+        leafs = pnode.leafs
         for v in vnode.leafs:
             v.user = g
             v.prio = prio
-        for p in pnode.leafs:
+        for p in leafs:
             p.user = g
             p.prio = prio
-        n = len(pnode.leafs)
+        n = len(leafs)
         _virtual_up(vnode, -n, t.v)
         _physical_up(pnode, n, False, True, t)
         return True
@@ -561,7 +568,7 @@ class Cluster:
                 # the pod held every leaf of its node cell: the whole subtree unbinds (as
                 # leaf by leaf would, each cell once its last child went), then the node
                 # cell itself and up as ``unbind`` goes
-                for x in top.sub[1:]:
+                for x in top.below:
                     p = x.pcell
                     x.pcell = None
                     p.vcell = None
@@ -598,12 +605,12 @@ class Cluster:
         for p in pl:
             p.user = None  # type: ignore[union-attr]
             p.prio = FREE_PRIORITY  # type: ignore[union-attr]
-        for x in vnode.sub[1:]:
+        for x in vnode.below:
             x.free += x.leaves
             p = x.pcell
             x.pcell = None
             p.vcell = None
-        for y in pnode.sub[1:]:
+        for y in pnode.below:
             y.used -= y.leaves
             y.oavail += y.leaves
         n = len(vl)
@@ -678,33 +685,52 @@ class Cluster:
         self.bad_version += 1
 
     def reindex(self, t: Touched) -> None:
-        # KeyIndex.remove / add inlined: this runs for every touched root and node of
-        # every command
+        # KeyIndex.remove / add inlined (``_rekey``): this runs for every touched root
+        # and node of every command
         for v in t.v:
             key = v.free << ID_BITS | v.id
             old = v.ikey
             if key != old:
-                assert old is not None
                 scope = v.scope
                 if v.parent is None:
-                    _rekey(scope.root_index.keys, old, key)
+                    keys = scope.root_index.keys
+                    i = bisect_left(keys, old)
+                    if keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
                 if v.nodeish:
-                    _rekey(scope.node_index.keys, old, key)
+                    keys = scope.node_index.keys
+                    i = bisect_left(keys, old)
+                    if keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
                 v.ikey = key
         for p in t.p:
             key = p.oavail << ID_BITS | p.id
             old = p.ikey
             if key != old:
-                assert old is not None
                 chain = p.chain
                 if p.parent is None:
-                    _rekey(chain.root_index.keys, old, key)
+                    keys = chain.root_index.keys
+                    i = bisect_left(keys, old)
+                    if keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
                 if p.nodeish:
-                    _rekey(chain.node_index.keys, old, key)
+                    keys = chain.node_index.keys
+                    i = bisect_left(keys, old)
+                    if keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
                 p.ikey = key
-        for p in t.f:
-            if p.in_free:
-                self.free_rekey(p)
+        if t.f:
+            for p in t.f:
+                if p.in_free:
+                    self.free_rekey(p)
 
     # -- queries used by placement and invariants ------------------------------------
 
@@ -849,18 +875,21 @@ def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> Non
 
 
 def _static_lists(c: Any, node_level: int) -> None:
-    """At or below the node level, a cell's leaf cells left to right (``leafs``) and
-    its subtree (``sub``, pre-order): the tree never changes once built, so placement
+    """At or below the node level, a cell's leaf cells left to right (``leafs``), its
+    subtree (``sub``, pre-order) and ``below`` (``sub`` without the cell itself): the
+    tree never changes once built, so placement
     reads these instead of walking it. None above the node level (not needed: they
     would cost memory and build time in proportion to the cluster) and on leaf cells
     other than node cells (their parent lists them)."""
     if c.level > node_level or (c.level == 1 and not c.nodeish):
         c.leafs = None
         c.sub = None
+        c.below = None
         return
     if c.level == 1:
         c.leafs = [c]
         c.sub = [c]
+        c.below = []
         return
     leafs: list[Any] = []
     sub = [c]
@@ -873,6 +902,7 @@ def _static_lists(c: Any, node_level: int) -> None:
             sub += ch.sub
     c.leafs = leafs
     c.sub = sub
+    c.below = sub[1:]
 
 
 class Touched:

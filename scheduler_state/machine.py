@@ -435,7 +435,28 @@ class SchedulerStateMachine:
         or leaf type, and groups larger than any cell of the physical cluster. A group
         that fits the cluster but not its VC's quota is not an error: it waits (the
         feature README's gang example), and the second value says why.
+
+        The answer depends on the request's shape and the config only (never on cell
+        state), so it is cached per shape on the cluster, which a new config replaces.
+        Callers must not modify the returned list.
         """
+        pods = req.pod_sizes
+        key = (req.vc, req.leaf_type, req.pinned_id, req.priority == OPPORTUNISTIC_PRIORITY, max(pods), req.total)
+        cache = self.cluster.candidates_cache
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                hit = self._candidates_uncached(req)
+            except RequestError as exc:
+                hit = exc
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = hit
+        if isinstance(hit, RequestError):
+            raise RequestError(str(hit))
+        return hit
+
+    def _candidates_uncached(self, req: Request) -> tuple[list[Any], str | None]:
         cl = self.cluster
         if req.vc not in cl.vc_scopes:
             raise RequestError(f"VC {req.vc} does not exist")

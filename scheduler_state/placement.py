@@ -436,8 +436,8 @@ class MapPlan:
         if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
             return None
         taken = self.taken
-        for x in p.sub:
-            if x is not p and (x.vcell is not None or x.id in taken):
+        for x in p.below:
+            if x.vcell is not None or x.id in taken:
                 return None
         # The cells below v and p are not entered in the plan: nothing looks them up.
         # ``physical`` climbs from other pods' leaves, never under v (every leaf of v is
