@@ -93,7 +93,7 @@ def _rekey(keys: list[int], old: int, key: int) -> None:
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "ncell",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
     )
 
@@ -124,6 +124,7 @@ class PCell:
         self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
+        self.ncell = None  # static, set by _static_lists
 
     def __repr__(self) -> str:
         return f"PCell({self.addr} {self.ctype})"
@@ -132,7 +133,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "leafs", "sub", "below", "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "below", "ncell", "pcell", "free", "ikey", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -156,6 +157,7 @@ class VCell:
         self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
+        self.ncell = None  # static, set by _static_lists
 
     def __repr__(self) -> str:
         return f"VCell({self.addr} {self.ctype})"
@@ -516,12 +518,16 @@ class Cluster:
                 prio == OPPORTUNISTIC_PRIORITY:
             return False
         self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
+        # Each cell below the two node cells has all its leaves taken now: the virtual
+        # ones had every leaf free (vnode was unbound: a used leaf binds its ancestors),
+        # the physical ones every leaf unused, healthy and unpinned (pnode.oavail ==
+        # pnode.leaves), so the counts are set rather than adjusted.
         for x, y in zip(vnode.below, pnode.below):
             x.pcell = y
             y.vcell = x
-            x.free -= x.leaves  # each cell below the node: all its leaves taken
-            y.used += y.leaves
-            y.oavail -= y.leaves
+            x.free = 0
+            y.used = y.leaves
+            y.oavail = 0
         leafs = pnode.leafs
         for v in vnode.leafs:
             v.user = g
@@ -591,8 +597,7 @@ class Cluster:
         vnode = vl[0]
         if vnode is None:
             return False
-        while not vnode.nodeish and vnode.parent is not None:
-            vnode = vnode.parent
+        vnode = vnode.ncell
         pnode = vnode.pcell
         if vnode.leafs != vl or pnode is None or pnode.bad or pnode.unpinned != pnode.leaves or len(pl) != len(vl):
             return False
@@ -605,14 +610,16 @@ class Cluster:
         for p in pl:
             p.user = None  # type: ignore[union-attr]
             p.prio = FREE_PRIORITY  # type: ignore[union-attr]
+        # Every leaf below the two node cells was this pod's (a guaranteed pod's, on
+        # healthy unpinned cells) and is free now: the counts are set, as in use_node.
         for x in vnode.below:
-            x.free += x.leaves
+            x.free = x.leaves
             p = x.pcell
             x.pcell = None
             p.vcell = None
         for y in pnode.below:
-            y.used -= y.leaves
-            y.oavail += y.leaves
+            y.used = 0
+            y.oavail = y.leaves
         n = len(vl)
         _virtual_up(vnode, n, t.v)
         self.unbind(vnode)  # the node cell and up, as ``unbind`` of its last leaf would
@@ -848,8 +855,22 @@ def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> VCell | None:
 def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> None:
     """``_physical_up(leaf, d, opp, avail)`` for each of ``leaves`` (``avail`` its own:
     healthy and outside pinned cells), from the node up once per run of leaves under
-    the same node with the same ``avail``."""
+    the same node with the same ``avail``. When ``leaves`` are every leaf of one
+    healthy unpinned node cell, each cell below it moves by its leaf count in one pass."""
     tf = t.f
+    node = leaves[0].ncell
+    if node is not None and len(leaves) > 1 and node.leafs == leaves and not node.bad and \
+            node.unpinned == node.leaves:
+        for y in node.below:
+            m = y.leaves * d
+            y.used += m
+            if opp:
+                y.opp += m
+                if y.in_free:
+                    tf[y] = None
+            y.oavail -= m
+        _physical_up(node, len(leaves) * d, opp, True, t)
+        return
     top = None
     n = 0
     top_avail = False
@@ -876,8 +897,10 @@ def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> Non
 
 def _static_lists(c: Any, node_level: int) -> None:
     """At or below the node level, a cell's leaf cells left to right (``leafs``), its
-    subtree (``sub``, pre-order) and ``below`` (``sub`` without the cell itself): the
-    tree never changes once built, so placement
+    subtree (``sub``, pre-order), ``below`` (``sub`` without the cell itself) and
+    ``ncell``, the node cell at or above it (the first ancestor-or-self that is
+    ``nodeish``: the node-level cell, or a virtual root below the node level; nodeish
+    cells never nest): the tree never changes once built, so placement
     reads these instead of walking it. None above the node level (not needed: they
     would cost memory and build time in proportion to the cluster) and on leaf cells
     other than node cells (their parent lists them)."""
@@ -890,6 +913,7 @@ def _static_lists(c: Any, node_level: int) -> None:
         c.leafs = [c]
         c.sub = [c]
         c.below = []
+        c.ncell = c
         return
     leafs: list[Any] = []
     sub = [c]
@@ -903,6 +927,9 @@ def _static_lists(c: Any, node_level: int) -> None:
     c.leafs = leafs
     c.sub = sub
     c.below = sub[1:]
+    if c.nodeish:
+        for x in sub:
+            x.ncell = c
 
 
 class Touched:

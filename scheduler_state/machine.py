@@ -636,9 +636,7 @@ class SchedulerStateMachine:
         lazy: dict[str, Group] = {}
         holds: dict[str, Group] = {}  # reservations of Preempting groups (lower priority) overwritten
         for leaves in vplace:
-            top = leaves[0]
-            while not top.nodeish and top.parent is not None:
-                top = top.parent
+            top = leaves[0].ncell
             if top.free == top.leaves and top.leafs == leaves:
                 continue  # a whole node cell with no leaf in use: no user to look at
             for v in leaves:
@@ -648,9 +646,9 @@ class SchedulerStateMachine:
                         holds[u.name] = u
                     else:
                         (lazy if u.req.lazy_preemption else victims)[u.name] = u
-        lazy_list = sorted(lazy.values(), key=lambda g: g.seq)
+        lazy_list = sorted(lazy.values(), key=lambda g: g.seq) if lazy else []
         t = Touched()
-        saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
+        saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list] if lazy_list else []
         plan = MapPlan(cl, sugg)
         pplace: list[list[PCell]] = []
         wholes: list[tuple[VCell, PCell] | None] = []  # per pod: its whole node cells, if mapped so
@@ -690,14 +688,17 @@ class SchedulerStateMachine:
                 self._unlazy(g, vl, t)
             cl.reindex(t)
             return _Attempt(None, failure)
-        for row in pplace:
+        for row, whole in zip(pplace, wholes):
+            if whole is not None:
+                continue  # a whole unused physical node (checked above): no user
             for p in row:
                 u = p.user
                 if u is not None and u.name not in victims and u.reserving is None:
                     victims[u.name] = u  # an opportunistic user of a physical cell we need
-        ordered = sorted(victims.values(), key=lambda g: g.seq)
-        held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None)
-        if held is None:
+        ordered = sorted(victims.values(), key=lambda g: g.seq) if victims else []
+        held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None) \
+            if ordered else None
+        if held is None and holds:
             held = next((h.reserving for h in holds.values() if h.reserving.req.priority >= req.priority), None)
         if held is not None:  # HiveD: Reserving/Reserved cells go only to a higher-priority group
             for g, vl in reversed(saved):
@@ -707,11 +708,12 @@ class SchedulerStateMachine:
                                   f"(priority {held.req.priority})")
         # Preempting groups (of lower priority) whose cells this placement overwrites:
         # reserved ones, or their victims' (HiveD e3/e6: cancelled, e5).
-        over = {h.name: h.reserving for h in holds.values()}
-        for x in ordered + lazy_list:
-            if x.preempted_by is not None and x.preempted_by in self.preemptors:
-                over[x.preempted_by] = self.preemptors[x.preempted_by]
-        cancel = sorted(over.values(), key=lambda p: p.seq)
+        over = {h.name: h.reserving for h in holds.values()} if holds else {}
+        if self.preemptors:
+            for x in ordered + lazy_list:
+                if x.preempted_by is not None and x.preempted_by in self.preemptors:
+                    over[x.preempted_by] = self.preemptors[x.preempted_by]
+        cancel = sorted(over.values(), key=lambda p: p.seq) if over else []
         if mode == "dry" or (mode == "no_victims" and ordered) or (mode == "reserve" and not ordered):
             # Not committed: undo the lazy demotions, report the plan (pods.py).
             for g, vl in reversed(saved):

@@ -55,8 +55,13 @@ class Placer:
         cell list they resolve in) whose counts are this placer's own when nothing is
         picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
         reads the index's order instead of counting and sorting the nodes again."""
-        order = sorted(range(len(pods)), key=lambda i: (-pods[i], i))
-        sizes = [pods[i] for i in order]
+        n = len(pods)
+        if n == 1 or min(pods) == max(pods):
+            order: Sequence[int] = range(n)  # (sizes descending, then index): as given
+            sizes = list(pods)
+        else:
+            order = sorted(range(n), key=lambda i: (-pods[i], i))
+            sizes = [pods[i] for i in order]
         total = sum(sizes)
         found: list[list[Cell]] | None = None
         for root in roots:
@@ -70,6 +75,8 @@ class Placer:
                 found = self._spread(spread_nodes(sizes[-1]), sizes)
         if found is None:
             return None
+        if isinstance(order, range):
+            return found
         out: list[list[Cell]] = [[] for _ in pods]
         for j, i in enumerate(order):
             out[i] = found[j]
@@ -427,9 +434,7 @@ class MapPlan:
         None when that does not hold (``physical`` leaf by leaf then gives the same
         answer as ever: what this did, planning the node cell, is what its first leaf
         would have done first)."""
-        v = leaves[0]
-        while not v.nodeish and v.parent is not None:
-            v = v.parent
+        v = leaves[0].ncell
         if v.pcell is not None or v in self.plan or v.sub is None or v.leafs != leaves:
             return None
         p = self.physical(v)
