@@ -93,7 +93,7 @@ def _rekey(keys: list[int], old: int, key: int) -> None:
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "ncell",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "inner", "ncell", "node_cells",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
     )
 
@@ -133,7 +133,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "leafs", "sub", "below", "ncell", "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "below", "inner", "ncell", "node_cells", "pcell", "free", "ikey", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -166,7 +166,7 @@ class VCell:
 class PChain:
     """Physical cells of one chain: top cells, buddy free lists, opportunistic indexes."""
 
-    __slots__ = ("info", "tops", "nodes", "free", "root_index", "node_index", "index", "demand")
+    __slots__ = ("info", "tops", "nodes", "free", "root_index", "node_index", "index", "demand", "low_roots")
 
     def __init__(self, info: ChainInfo, index: int) -> None:
         self.info = info
@@ -179,6 +179,10 @@ class PChain:
         # Unbound non-pinned preassigned cells of all VCs, per level (HiveD's
         # allVCFreeCellNum): what the free lists must always be able to serve.
         self.demand = [0] * (info.top_level + 1)
+        # Static: some VC (or pinned) cell of this chain is a root below the node level.
+        # Without such roots a physical cell below an unbound node cell is never bound
+        # (bindings go up in lockstep to a root, at or above the node level).
+        self.low_roots = False
 
 
 class VScope:
@@ -280,6 +284,8 @@ class Cluster:
             for scope in list(scopes.values()) + list(pinned.values()):
                 scope.node_leaves_max = max((c.leaves for c in scope.nodes), default=0)
                 for r in scope.roots:
+                    if r.level < scope.chain.info.node_level:
+                        scope.chain.low_roots = True
                     r.ikey = ckey(r.free, r.id)
                     scope.root_index.add(r.ikey)
                     scope.unbound[r.level] += r.pcell is None
@@ -513,7 +519,8 @@ class Cluster:
         cell ``vnode``, mapped cell by cell onto the same positions of ``pnode``'s
         subtree (``MapPlan.full_node``), whose leaves are all unused, healthy and
         unpinned: the same state, each cell of the two subtrees updated once rather than
-        once per leaf below it. False, changing nothing, when that does not hold."""
+        once per leaf below it. False, changing nothing, when that does not hold. (The
+        callers pass pods of more than one leaf: the node cells are not leaves.)"""
         if vnode.pcell is not None or pnode.vcell is not None or pnode.oavail != pnode.leaves or \
                 prio == OPPORTUNISTIC_PRIORITY:
             return False
@@ -522,19 +529,21 @@ class Cluster:
         # ones had every leaf free (vnode was unbound: a used leaf binds its ancestors),
         # the physical ones every leaf unused, healthy and unpinned (pnode.oavail ==
         # pnode.leaves), so the counts are set rather than adjusted.
-        for x, y in zip(vnode.below, pnode.below):
+        for x, y in zip(vnode.inner, pnode.inner):
             x.pcell = y
             y.vcell = x
             x.free = 0
             y.used = y.leaves
             y.oavail = 0
         leafs = pnode.leafs
-        for v in vnode.leafs:
-            v.user = g
-            v.prio = prio
-        for p in leafs:
-            p.user = g
-            p.prio = prio
+        for v, p in zip(vnode.leafs, leafs):  # the leaves likewise, and their user
+            v.pcell = p
+            p.vcell = v
+            v.free = 0
+            p.used = 1
+            p.oavail = 0
+            v.user = p.user = g
+            v.prio = p.prio = prio
         n = len(leafs)
         _virtual_up(vnode, -n, t.v)
         _physical_up(pnode, n, False, True, t)
@@ -604,22 +613,25 @@ class Cluster:
         for p in pl:
             if p is None or p.prio == OPPORTUNISTIC_PRIORITY:
                 return False
-        for v in vl:
-            v.user = None  # type: ignore[union-attr]
-            v.prio = FREE_PRIORITY  # type: ignore[union-attr]
-        for p in pl:
-            p.user = None  # type: ignore[union-attr]
-            p.prio = FREE_PRIORITY  # type: ignore[union-attr]
         # Every leaf below the two node cells was this pod's (a guaranteed pod's, on
         # healthy unpinned cells) and is free now: the counts are set, as in use_node.
-        for x in vnode.below:
+        # The leaves ``pl`` are those bound to ``vl``.
+        for x in vnode.inner:
             x.free = x.leaves
             p = x.pcell
             x.pcell = None
             p.vcell = None
-        for y in pnode.below:
+        for y in pnode.inner:
             y.used = 0
             y.oavail = y.leaves
+        for v in vl:
+            p = v.pcell  # type: ignore[union-attr]
+            v.pcell = p.vcell = None  # type: ignore[union-attr]
+            v.user = p.user = None  # type: ignore[union-attr]
+            v.prio = p.prio = FREE_PRIORITY  # type: ignore[union-attr]
+            v.free = 1  # type: ignore[union-attr]
+            p.used = 0
+            p.oavail = 1
         n = len(vl)
         _virtual_up(vnode, n, t.v)
         self.unbind(vnode)  # the node cell and up, as ``unbind`` of its last leaf would
@@ -896,23 +908,37 @@ def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> Non
 
 
 def _static_lists(c: Any, node_level: int) -> None:
-    """At or below the node level, a cell's leaf cells left to right (``leafs``), its
-    subtree (``sub``, pre-order), ``below`` (``sub`` without the cell itself) and
+    """Static lists, so placement and the bookkeeping read these instead of walking
+    the tree (which never changes once built). At or below the node level: a cell's
+    leaf cells left to right (``leafs``), its subtree (``sub``, pre-order), ``below``
+    (``sub`` without the cell itself), ``inner`` (``below`` without the leaf cells) and
     ``ncell``, the node cell at or above it (the first ancestor-or-self that is
     ``nodeish``: the node-level cell, or a virtual root below the node level; nodeish
-    cells never nest): the tree never changes once built, so placement
-    reads these instead of walking it. None above the node level (not needed: they
-    would cost memory and build time in proportion to the cluster) and on leaf cells
-    other than node cells (their parent lists them)."""
+    cells never nest). Above the node level: ``node_cells``, the node cells under it.
+    The others are None above the node level (not needed: they would cost memory and
+    build time in proportion to the cluster) and on leaf cells other than node cells
+    (their parent lists them)."""
+    c.node_cells = None
+    if c.level > node_level:
+        # the node cells under c (nodeish cells never nest)
+        nodes: list[Any] = []
+        for ch in c.children:
+            if ch.nodeish:
+                nodes.append(ch)
+            elif ch.node_cells is not None:
+                nodes += ch.node_cells
+        c.node_cells = nodes
     if c.level > node_level or (c.level == 1 and not c.nodeish):
         c.leafs = None
         c.sub = None
         c.below = None
+        c.inner = None
         return
     if c.level == 1:
         c.leafs = [c]
         c.sub = [c]
         c.below = []
+        c.inner = []
         c.ncell = c
         return
     leafs: list[Any] = []
@@ -927,6 +953,7 @@ def _static_lists(c: Any, node_level: int) -> None:
     c.leafs = leafs
     c.sub = sub
     c.below = sub[1:]
+    c.inner = [x for x in c.below if x.level > 1]
     if c.nodeish:
         for x in sub:
             x.ncell = c

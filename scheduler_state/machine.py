@@ -269,10 +269,11 @@ class SchedulerStateMachine:
             return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
         try:
             result = handler(self, command)
-            if op not in READ_OPS:
+            cl = self.cluster
+            if (cl.bad_nodes or cl.hbound) and op not in READ_OPS:
                 # HiveD's doomed bad cells and bad-cell bindings (health.py): brought to
                 # its rules at every command boundary (a no-op without bad nodes).
-                _health.reconcile(self.cluster)
+                _health.reconcile(cl)
             return result
         except NotFound as exc:
             return {"ok": False, "error": str(exc), "not_found": True}
@@ -413,8 +414,13 @@ class SchedulerStateMachine:
             pod.vleaves = [None] * len(vl)
 
     def _remove_group(self, g: Group, t: Touched) -> None:
-        for pod in g.pods:
-            self._free_pod(pod, t)
+        unuse_pod = self.cluster.unuse_pod
+        for pod in g.pods:  # _free_pod, inlined
+            vl = pod.vleaves
+            unuse_pod(pod.pleaves, vl, t)
+            pod.pleaves = [None] * len(pod.pleaves)
+            if vl is not None:
+                pod.vleaves = [None] * len(vl)
         if g.slots is not None:
             for ref in g.slots:
                 if ref is not None:
@@ -797,6 +803,8 @@ class SchedulerStateMachine:
         victims left are theirs, never a waiting group's."""
         _health.reconcile(self.cluster)
         out: list[dict[str, Any]] = _pods.complete_preemptions(self) if self.preemptors else []
+        if not self.pending:
+            return out
         # Requests of the same shape fail alike until something is placed, so a shape
         # that failed in this pass is not searched again (a long queue of equal jobs
         # costs one search, not one per job).
@@ -867,7 +875,7 @@ class SchedulerStateMachine:
         g.lease_ms = lease
         result = self._group_view(g)
         result.update(ok=True, preempted=attempt.preempted, lazy_preempted=attempt.lazy_preempted)
-        result["scheduled"] = _pods.cancelled_entries(attempt.cancelled, g.name) + (
+        result["scheduled"] = (_pods.cancelled_entries(attempt.cancelled, g.name) if attempt.cancelled else []) + (
             self._retry_pending() if attempt.preempted or attempt.cancelled else [])
         return result
 

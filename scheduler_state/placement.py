@@ -86,11 +86,12 @@ class Placer:
         if c.nodeish or c.level == 1:
             return self._in_node(c, sizes, total)
         cnt = self.cnt
-        kids = sorted((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) >= total)
-        for _, _, ch in kids:
-            found = self._try(ch, sizes, total)
-            if found is not None:
-                return found
+        if c.children[0].leaves >= total:  # (siblings are alike; a count never exceeds leaves)
+            kids = sorted((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) >= total)
+            for _, _, ch in kids:
+                found = self._try(ch, sizes, total)
+                if found is not None:
+                    return found
         if len(sizes) > 1:
             return self._spread(self._nodes_under(c), sizes)
         return None
@@ -118,6 +119,9 @@ class Placer:
         return out
 
     def _nodes_under(self, c: Cell) -> list[Cell]:
+        """The node cells under ``c`` (in no particular order: ``_spread`` orders them)."""
+        if c.node_cells is not None:
+            return c.node_cells
         out = []
         stack = [c]
         while stack:
@@ -440,10 +444,11 @@ class MapPlan:
         p = self.physical(v)
         if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
             return None
-        taken = self.taken
-        for x in p.below:
-            if x.vcell is not None or x.id in taken:
-                return None
+        if p.chain.low_roots:  # else nothing below p can be bound or planned (PChain.low_roots)
+            taken = self.taken
+            for x in p.below:
+                if x.vcell is not None or x.id in taken:
+                    return None
         # The cells below v and p are not entered in the plan: nothing looks them up.
         # ``physical`` climbs from other pods' leaves, never under v (every leaf of v is
         # this pod's), and picks children of planned or bound cells, never under p (p
