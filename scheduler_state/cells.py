@@ -568,8 +568,13 @@ class Cluster:
         if not pl:
             return
         opp = pl[0].prio == OPPORTUNISTIC_PRIORITY
-        if len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and vl) or \
-                any((p.prio == OPPORTUNISTIC_PRIORITY) is not opp for p in pl):
+        mixed = len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and bool(vl))
+        if not mixed:
+            for p in pl:
+                if (p.prio == OPPORTUNISTIC_PRIORITY) is not opp:
+                    mixed = True
+                    break
+        if mixed:
             for i, p in enumerate(pleaves):
                 if p is not None:
                     self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)

@@ -748,7 +748,7 @@ class SchedulerStateMachine:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
-        for k, vleaves, pleaves, whole in zip(req.pods, vplace, pplace, wholes):
+        for k, vleaves, pleaves, whole in zip(req.pod_sizes, vplace, pplace, wholes):
             if whole is not None and cl.use_node(g, whole[0], whole[1], prio, t):
                 rtype = whole[0].root.ctype
                 devices = [(p.node, p.leaf_index, rtype) for p in pleaves]
@@ -874,7 +874,9 @@ class SchedulerStateMachine:
         self.clock_ms = now
         g.lease_ms = lease
         result = self._group_view(g)
-        result.update(ok=True, preempted=attempt.preempted, lazy_preempted=attempt.lazy_preempted)
+        result["ok"] = True
+        result["preempted"] = attempt.preempted
+        result["lazy_preempted"] = attempt.lazy_preempted
         result["scheduled"] = (_pods.cancelled_entries(attempt.cancelled, g.name) if attempt.cancelled else []) + (
             self._retry_pending() if attempt.preempted or attempt.cancelled else [])
         return result
