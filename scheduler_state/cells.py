@@ -23,9 +23,10 @@ Model (HiveD's, see ``pkg/algorithm`` in microsoft/hivedscheduler):
   per scope and level, the preassigned cells that are unbound and that have no used
   leaf (``VScope.unbound`` / ``unused``, read by ``health.py``). ``PCell.unpinned``
   (leaves outside pinned cells) is static.
-- Sorted key indexes (:class:`KeyIndex`) over roots and node cells make placement
-  choices ``min`` over canonical keys ``(count, id)``; ids are assigned in config order,
-  so every decision depends on the logical state only, never on history or hashing.
+- Sorted key indexes (:class:`CountIndex`, brought up to date when read) over roots and
+  node cells make placement choices ``min`` over canonical keys ``(count, id)``; ids are
+  assigned in config order, so every decision depends on the logical state only, never
+  on history or hashing. The buddy free lists are :class:`KeyIndex` lists kept eagerly.
 """
 
 from __future__ import annotations
@@ -81,20 +82,64 @@ class KeyIndex:
         return len(self.keys)
 
 
-def _rekey(keys: list[int], old: int, key: int) -> None:
-    """``KeyIndex.remove(old)`` then ``add(key)`` on the sorted ``keys``."""
-    i = bisect_left(keys, old)
-    if i == len(keys) or keys[i] != old:
-        raise AssertionError(f"key {old} missing from index")
-    del keys[i]
-    insort(keys, key)
+class CountIndex:
+    """Cells of one kind (a scope's roots or node cells: count ``free``; a chain's tops
+    or nodes: count ``oavail``) sorted by ``ckey(count, id)``, brought up to date when
+    read. ``touch(c)`` marks a cell whose count may have moved (``Cluster.reindex``,
+    after each batch of counter updates); ``sorted_keys()`` re-keys the marked cells
+    and returns the keys. Between two reads a cell touched many times is re-keyed once,
+    or not at all when its count came back (an allocation and a release on one node),
+    and an index nobody reads (a chain's, when no opportunistic group is placed) costs
+    one mark per touch. What a read sees is exactly the eager index: every counter
+    change of an indexed cell is touched (the same ``Touched`` sets as ever).
+
+    ``at`` holds each cell's key as it stands in ``keys`` (a nodeish root is in two
+    indexes, each re-keyed at its own reads)."""
+
+    __slots__ = ("keys", "at", "stale", "physical")
+
+    def __init__(self, physical: bool) -> None:
+        self.keys: list[int] = []
+        self.at: dict[Any, int] = {}
+        self.stale: dict[Any, None] = {}  # insertion-ordered (determinism: nothing depends on it)
+        self.physical = physical
+
+    def add(self, c: Any) -> None:
+        key = (c.oavail if self.physical else c.free) << ID_BITS | c.id
+        self.at[c] = key
+        insort(self.keys, key)
+
+    def touch(self, c: Any) -> None:
+        self.stale[c] = None
+
+    def sorted_keys(self) -> list[int]:
+        """The keys in order, every count current (the list itself: do not modify it)."""
+        if self.stale:
+            keys = self.keys
+            at = self.at
+            physical = self.physical
+            for c in self.stale:
+                key = (c.oavail if physical else c.free) << ID_BITS | c.id
+                old = at[c]
+                if key != old:
+                    i = bisect_left(keys, old)
+                    if i == len(keys) or keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
+                    at[c] = key
+            self.stale.clear()
+        return self.keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
         "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "inner", "ncell", "node_cells",
-        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
+        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "user", "prio", "unpinned",
     )
 
     def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
@@ -121,7 +166,6 @@ class PCell:
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
         self.unpinned = self.oavail  # leaves below outside pinned cells (static)
-        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
         self.ncell = None  # static, set by _static_lists
@@ -133,7 +177,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "leafs", "sub", "below", "inner", "ncell", "node_cells", "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "below", "inner", "ncell", "node_cells", "pcell", "free", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -154,7 +198,6 @@ class VCell:
         self.leaves = info.leaves_per_level[level - 1]
         self.pcell: PCell | None = None
         self.free = self.leaves
-        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
         self.ncell = None  # static, set by _static_lists
@@ -174,8 +217,8 @@ class PChain:
         self.tops: list[PCell] = []
         self.nodes: list[PCell] = []
         self.free: list[KeyIndex] = [KeyIndex() for _ in range(info.top_level + 1)]  # [0] unused
-        self.root_index = KeyIndex()  # tops by (oavail, id)
-        self.node_index = KeyIndex()  # nodes by (oavail, id)
+        self.root_index = CountIndex(True)  # tops by (oavail, id)
+        self.node_index = CountIndex(True)  # nodes by (oavail, id)
         # Unbound non-pinned preassigned cells of all VCs, per level (HiveD's
         # allVCFreeCellNum): what the free lists must always be able to serve.
         self.demand = [0] * (info.top_level + 1)
@@ -197,8 +240,8 @@ class VScope:
         self.pinned_id = pinned_id
         self.roots: list[VCell] = []
         self.nodes: list[VCell] = []
-        self.root_index = KeyIndex()  # roots by (free, id)
-        self.node_index = KeyIndex()  # node cells by (free, id)
+        self.root_index = CountIndex(False)  # roots by (free, id)
+        self.node_index = CountIndex(False)  # node cells by (free, id)
         self.leaves = 0
         self.free = 0  # free leaves over all roots
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
@@ -250,11 +293,9 @@ class Cluster:
         for chain in self.chains.values():
             for top in chain.tops:
                 self._free_add(top)
-                top.ikey = ckey(top.oavail, top.id)
-                chain.root_index.add(top.ikey)
+                chain.root_index.add(top)
             for n in chain.nodes:
-                n.ikey = ckey(n.oavail, n.id)
-                chain.node_index.add(n.ikey)
+                chain.node_index.add(n)
         for vc in config.virtual_clusters.values():
             scopes: dict[str, VScope] = {}
             pinned: dict[str, VScope] = {}
@@ -286,14 +327,11 @@ class Cluster:
                 for r in scope.roots:
                     if r.level < scope.chain.info.node_level:
                         scope.chain.low_roots = True
-                    r.ikey = ckey(r.free, r.id)
-                    scope.root_index.add(r.ikey)
+                    scope.root_index.add(r)
                     scope.unbound[r.level] += r.pcell is None
                     scope.unused[r.level] += 1
                 for c in scope.nodes:
-                    if c.parent is not None:  # roots below node level are indexed as roots
-                        c.ikey = ckey(c.free, c.id)
-                    scope.node_index.add(c.ikey)  # type: ignore[arg-type]
+                    scope.node_index.add(c)
 
     # -- construction -------------------------------------------------------------
 
@@ -709,48 +747,21 @@ class Cluster:
         self.bad_version += 1
 
     def reindex(self, t: Touched) -> None:
-        # KeyIndex.remove / add inlined (``_rekey``): this runs for every touched root
-        # and node of every command
+        """After a batch of counter updates: the touched roots and nodes are marked in
+        their indexes (re-keyed when next read, ``CountIndex``), the touched free cells
+        re-keyed in the free lists."""
         for v in t.v:
-            key = v.free << ID_BITS | v.id
-            old = v.ikey
-            if key != old:
-                scope = v.scope
-                if v.parent is None:
-                    keys = scope.root_index.keys
-                    i = bisect_left(keys, old)
-                    if keys[i] != old:
-                        raise AssertionError(f"key {old} missing from index")
-                    del keys[i]
-                    insort(keys, key)
-                if v.nodeish:
-                    keys = scope.node_index.keys
-                    i = bisect_left(keys, old)
-                    if keys[i] != old:
-                        raise AssertionError(f"key {old} missing from index")
-                    del keys[i]
-                    insort(keys, key)
-                v.ikey = key
+            scope = v.scope
+            if v.parent is None:
+                scope.root_index.stale[v] = None
+            if v.nodeish:
+                scope.node_index.stale[v] = None
         for p in t.p:
-            key = p.oavail << ID_BITS | p.id
-            old = p.ikey
-            if key != old:
-                chain = p.chain
-                if p.parent is None:
-                    keys = chain.root_index.keys
-                    i = bisect_left(keys, old)
-                    if keys[i] != old:
-                        raise AssertionError(f"key {old} missing from index")
-                    del keys[i]
-                    insort(keys, key)
-                if p.nodeish:
-                    keys = chain.node_index.keys
-                    i = bisect_left(keys, old)
-                    if keys[i] != old:
-                        raise AssertionError(f"key {old} missing from index")
-                    del keys[i]
-                    insort(keys, key)
-                p.ikey = key
+            chain = p.chain
+            if p.parent is None:
+                chain.root_index.stale[p] = None
+            if p.nodeish:
+                chain.node_index.stale[p] = None
         if t.f:
             for p in t.f:
                 if p.in_free:

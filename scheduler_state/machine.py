@@ -528,7 +528,7 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         for chain in chains:
-            keys = chain.node_index.keys
+            keys = chain.node_index.sorted_keys()
 
             def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
                 return list(indexed_roots(keys, cl.pcells, kmin))
@@ -539,7 +539,7 @@ class SchedulerStateMachine:
             guaranteed = any(top.used != top.opp for top in chain.tops)
             for away in ((True, False) if guaranteed else (False,)):
                 placer = physical_placer(sugg, away)
-                found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
+                found = placer.place(indexed_roots(chain.root_index.sorted_keys(), cl.pcells, total), spread, pods,
                                      (keys, cl.pcells))
                 if found is not None:
                     break
@@ -580,8 +580,8 @@ class SchedulerStateMachine:
                     if scope.free < total:
                         continue
                     placer = virtual_free_placer(sugg, avoid_doomed)
-                    roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
-                    keys = scope.node_index.keys
+                    roots: Any = indexed_roots(scope.root_index.sorted_keys(), cl.vcells, total)
+                    keys = scope.node_index.sorted_keys()
 
                     def spread(kmin: int, keys: list[int] = keys) -> list[VCell]:
                         return list(indexed_roots(keys, cl.vcells, kmin))

@@ -51,7 +51,7 @@ class Placer:
               pods: Sequence[int], spread_index: tuple[list[int], list[Cell]] | None = None) -> list[list[Cell]] | None:
         """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them.
 
-        ``spread_index``: the up-to-date node index (``cells.KeyIndex`` keys and the
+        ``spread_index``: the up-to-date node index (``cells.CountIndex.sorted_keys()`` and the
         cell list they resolve in) whose counts are this placer's own when nothing is
         picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
         reads the index's order instead of counting and sorting the nodes again."""
