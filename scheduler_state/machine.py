@@ -73,6 +73,7 @@ import msgpack
 from scheduler_state.cells import (
     OPPORTUNISTIC_PRIORITY,
     Cluster,
+    CountIndex,
     PCell,
     PChain,
     Touched,
@@ -528,10 +529,10 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         for chain in chains:
-            keys = chain.node_index.sorted_keys()
+            nodes = chain.node_index  # read (so re-keyed) only when a spread needs it
 
-            def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
-                return list(indexed_roots(keys, cl.pcells, kmin))
+            def spread(kmin: int, nodes: CountIndex = nodes) -> list[PCell]:
+                return list(indexed_roots(nodes.sorted_keys(), cl.pcells, kmin))
 
             # HiveD spreads opportunistic pods away from guaranteed ones: first only
             # nodes without guaranteed leaves, then (if that fails) any node.
@@ -540,7 +541,7 @@ class SchedulerStateMachine:
             for away in ((True, False) if guaranteed else (False,)):
                 placer = physical_placer(sugg, away)
                 found = placer.place(indexed_roots(chain.root_index.sorted_keys(), cl.pcells, total), spread, pods,
-                                     (keys, cl.pcells))
+                                     (nodes, cl.pcells))
                 if found is not None:
                     break
             if found is None:
@@ -581,11 +582,11 @@ class SchedulerStateMachine:
                         continue
                     placer = virtual_free_placer(sugg, avoid_doomed)
                     roots: Any = indexed_roots(scope.root_index.sorted_keys(), cl.vcells, total)
-                    keys = scope.node_index.sorted_keys()
+                    nodes = scope.node_index  # read (so re-keyed) only when a spread needs it
 
-                    def spread(kmin: int, keys: list[int] = keys) -> list[VCell]:
-                        return list(indexed_roots(keys, cl.vcells, kmin))
-                    sindex: Any = (keys, cl.vcells)
+                    def spread(kmin: int, nodes: CountIndex = nodes) -> list[VCell]:
+                        return list(indexed_roots(nodes.sorted_keys(), cl.vcells, kmin))
+                    sindex: Any = (nodes, cl.vcells)
                 else:
                     lower = []
                     for g in self.vc_groups[req.vc].values():

@@ -32,7 +32,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope, counts_shortfall
+from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, CountIndex, PCell, PChain, VCell, VScope, counts_shortfall
 
 Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
 
@@ -48,13 +48,14 @@ class Placer:
         self.node_ok = node_ok
 
     def place(self, roots: Iterable[Cell], spread_nodes: Callable[[int], list[Cell]],
-              pods: Sequence[int], spread_index: tuple[list[int], list[Cell]] | None = None) -> list[list[Cell]] | None:
+              pods: Sequence[int], spread_index: tuple[CountIndex, list[Cell]] | None = None) -> list[list[Cell]] | None:
         """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them.
 
-        ``spread_index``: the up-to-date node index (``cells.CountIndex.sorted_keys()`` and the
-        cell list they resolve in) whose counts are this placer's own when nothing is
-        picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
-        reads the index's order instead of counting and sorting the nodes again."""
+        ``spread_index``: the node index (a ``cells.CountIndex``, read only if a spread
+        is needed, and the cell list its keys resolve in) whose counts are this
+        placer's own when nothing is picked yet; ``spread_nodes`` lists the same nodes.
+        Then the spread over nodes reads the index's order instead of counting and
+        sorting the nodes again."""
         n = len(pods)
         if n == 1 or min(pods) == max(pods):
             order: Sequence[int] = range(n)  # (sizes descending, then index): as given
@@ -70,7 +71,7 @@ class Placer:
                 break
         if found is None and len(sizes) > 1:
             if spread_index is not None and not self.delta:  # a failed search picks nothing
-                found = self._spread_indexed(spread_index[0], spread_index[1], sizes)
+                found = self._spread_indexed(spread_index[0].sorted_keys(), spread_index[1], sizes)
             else:
                 found = self._spread(spread_nodes(sizes[-1]), sizes)
         if found is None:
