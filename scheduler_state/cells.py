@@ -85,8 +85,8 @@ class KeyIndex:
 class CountIndex:
     """Cells of one kind (a scope's roots or node cells: count ``free``; a chain's tops
     or nodes: count ``oavail``) sorted by ``ckey(count, id)``, brought up to date when
-    read. ``touch(c)`` marks a cell whose count may have moved (``Cluster.reindex``,
-    after each batch of counter updates); ``sorted_keys()`` re-keys the marked cells
+    read. ``Cluster.reindex`` (after each batch of counter updates) marks the cells
+    whose count may have moved in ``stale``; ``sorted_keys()`` re-keys the marked cells
     and returns the keys. Between two reads a cell touched many times is re-keyed once,
     or not at all when its count came back (an allocation and a release on one node),
     and an index nobody reads (a chain's, when no opportunistic group is placed) costs
@@ -108,9 +108,6 @@ class CountIndex:
         key = (c.oavail if self.physical else c.free) << ID_BITS | c.id
         self.at[c] = key
         insort(self.keys, key)
-
-    def touch(self, c: Any) -> None:
-        self.stale[c] = None
 
     def sorted_keys(self) -> list[int]:
         """The keys in order, every count current (the list itself: do not modify it)."""

@@ -407,16 +407,9 @@ class SchedulerStateMachine:
         if vcg is not None:
             vcg.pop(g.name, None)
 
-    def _free_pod(self, pod: Pod, t: Touched) -> None:
-        vl = pod.vleaves
-        self.cluster.unuse_pod(pod.pleaves, vl, t)
-        pod.pleaves = [None] * len(pod.pleaves)
-        if vl is not None:
-            pod.vleaves = [None] * len(vl)
-
     def _remove_group(self, g: Group, t: Touched) -> None:
         unuse_pod = self.cluster.unuse_pod
-        for pod in g.pods:  # _free_pod, inlined
+        for pod in g.pods:  # each pod's cells freed, its leaves no longer tracked
             vl = pod.vleaves
             unuse_pod(pod.pleaves, vl, t)
             pod.pleaves = [None] * len(pod.pleaves)
