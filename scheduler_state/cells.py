@@ -23,9 +23,10 @@ Model (HiveD's, see ``pkg/algorithm`` in microsoft/hivedscheduler):
   per scope and level, the preassigned cells that are unbound and that have no used
   leaf (``VScope.unbound`` / ``unused``, read by ``health.py``). ``PCell.unpinned``
   (leaves outside pinned cells) is static.
-- Sorted key indexes (:class:`KeyIndex`) over roots and node cells make placement
-  choices ``min`` over canonical keys ``(count, id)``; ids are assigned in config order,
-  so every decision depends on the logical state only, never on history or hashing.
+- Sorted key indexes (:class:`CountIndex`, brought up to date when read) over roots and
+  node cells make placement choices ``min`` over canonical keys ``(count, id)``; ids are
+  assigned in config order, so every decision depends on the logical state only, never
+  on history or hashing. The buddy free lists are :class:`KeyIndex` lists kept eagerly.
 """
 
 from __future__ import annotations
@@ -81,20 +82,61 @@ class KeyIndex:
         return len(self.keys)
 
 
-def _rekey(keys: list[int], old: int, key: int) -> None:
-    """``KeyIndex.remove(old)`` then ``add(key)`` on the sorted ``keys``."""
-    i = bisect_left(keys, old)
-    if i == len(keys) or keys[i] != old:
-        raise AssertionError(f"key {old} missing from index")
-    del keys[i]
-    insort(keys, key)
+class CountIndex:
+    """Cells of one kind (a scope's roots or node cells: count ``free``; a chain's tops
+    or nodes: count ``oavail``) sorted by ``ckey(count, id)``, brought up to date when
+    read. ``Cluster.reindex`` (after each batch of counter updates) marks the cells
+    whose count may have moved in ``stale``; ``sorted_keys()`` re-keys the marked cells
+    and returns the keys. Between two reads a cell touched many times is re-keyed once,
+    or not at all when its count came back (an allocation and a release on one node),
+    and an index nobody reads (a chain's, when no opportunistic group is placed) costs
+    one mark per touch. What a read sees is exactly the eager index: every counter
+    change of an indexed cell is touched (the same ``Touched`` sets as ever).
+
+    ``at`` holds each cell's key as it stands in ``keys`` (a nodeish root is in two
+    indexes, each re-keyed at its own reads)."""
+
+    __slots__ = ("keys", "at", "stale", "physical")
+
+    def __init__(self, physical: bool) -> None:
+        self.keys: list[int] = []
+        self.at: dict[Any, int] = {}
+        self.stale: dict[Any, None] = {}  # insertion-ordered (determinism: nothing depends on it)
+        self.physical = physical
+
+    def add(self, c: Any) -> None:
+        key = (c.oavail if self.physical else c.free) << ID_BITS | c.id
+        self.at[c] = key
+        insort(self.keys, key)
+
+    def sorted_keys(self) -> list[int]:
+        """The keys in order, every count current (the list itself: do not modify it)."""
+        if self.stale:
+            keys = self.keys
+            at = self.at
+            physical = self.physical
+            for c in self.stale:
+                key = (c.oavail if physical else c.free) << ID_BITS | c.id
+                old = at[c]
+                if key != old:
+                    i = bisect_left(keys, old)
+                    if i == len(keys) or keys[i] != old:
+                        raise AssertionError(f"key {old} missing from index")
+                    del keys[i]
+                    insort(keys, key)
+                    at[c] = key
+            self.stale.clear()
+        return self.keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 class PCell:
     __slots__ = (
         "id", "chain", "level", "ctype", "addr", "name", "parent", "children", "node", "leaf_index",
-        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub",
-        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "ikey", "user", "prio", "unpinned",
+        "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "inner", "ncell", "node_cells",
+        "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "user", "prio", "unpinned",
     )
 
     def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
@@ -121,9 +163,9 @@ class PCell:
         self.bad = 0
         self.oavail = 0 if self.in_pinned else self.leaves
         self.unpinned = self.oavail  # leaves below outside pinned cells (static)
-        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
+        self.ncell = None  # static, set by _static_lists
 
     def __repr__(self) -> str:
         return f"PCell({self.addr} {self.ctype})"
@@ -132,7 +174,7 @@ class PCell:
 class VCell:
     __slots__ = (
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
-        "leafs", "sub", "pcell", "free", "ikey", "user", "prio",
+        "leafs", "sub", "below", "inner", "ncell", "node_cells", "pcell", "free", "user", "prio",
     )
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
@@ -153,9 +195,9 @@ class VCell:
         self.leaves = info.leaves_per_level[level - 1]
         self.pcell: PCell | None = None
         self.free = self.leaves
-        self.ikey: int | None = None
         self.user: Group | None = None
         self.prio = FREE_PRIORITY
+        self.ncell = None  # static, set by _static_lists
 
     def __repr__(self) -> str:
         return f"VCell({self.addr} {self.ctype})"
@@ -164,7 +206,7 @@ class VCell:
 class PChain:
     """Physical cells of one chain: top cells, buddy free lists, opportunistic indexes."""
 
-    __slots__ = ("info", "tops", "nodes", "free", "root_index", "node_index", "index", "demand")
+    __slots__ = ("info", "tops", "nodes", "free", "root_index", "node_index", "index", "demand", "low_roots")
 
     def __init__(self, info: ChainInfo, index: int) -> None:
         self.info = info
@@ -172,11 +214,15 @@ class PChain:
         self.tops: list[PCell] = []
         self.nodes: list[PCell] = []
         self.free: list[KeyIndex] = [KeyIndex() for _ in range(info.top_level + 1)]  # [0] unused
-        self.root_index = KeyIndex()  # tops by (oavail, id)
-        self.node_index = KeyIndex()  # nodes by (oavail, id)
+        self.root_index = CountIndex(True)  # tops by (oavail, id)
+        self.node_index = CountIndex(True)  # nodes by (oavail, id)
         # Unbound non-pinned preassigned cells of all VCs, per level (HiveD's
         # allVCFreeCellNum): what the free lists must always be able to serve.
         self.demand = [0] * (info.top_level + 1)
+        # Static: some VC (or pinned) cell of this chain is a root below the node level.
+        # Without such roots a physical cell below an unbound node cell is never bound
+        # (bindings go up in lockstep to a root, at or above the node level).
+        self.low_roots = False
 
 
 class VScope:
@@ -191,8 +237,8 @@ class VScope:
         self.pinned_id = pinned_id
         self.roots: list[VCell] = []
         self.nodes: list[VCell] = []
-        self.root_index = KeyIndex()  # roots by (free, id)
-        self.node_index = KeyIndex()  # node cells by (free, id)
+        self.root_index = CountIndex(False)  # roots by (free, id)
+        self.node_index = CountIndex(False)  # node cells by (free, id)
         self.leaves = 0
         self.free = 0  # free leaves over all roots
         self.key = f"{vc}/{pinned_id}" if pinned_id else f"{vc}/{chain.info.name}"
@@ -232,6 +278,8 @@ class Cluster:
         # caches per chain against it.
         self.bad_version = 0
         self.bad_cache: dict[str, tuple[int, Any]] = {}
+        # Derived, not state: machine._candidates per request shape (config-only answers).
+        self.candidates_cache: dict[tuple[Any, ...], Any] = {}
         for i, (name, info) in enumerate(config.chains.items()):
             self.chains[name] = PChain(info, i)
             self.chains_by_leaf_type.setdefault(info.leaf_type, []).append(self.chains[name])
@@ -242,11 +290,9 @@ class Cluster:
         for chain in self.chains.values():
             for top in chain.tops:
                 self._free_add(top)
-                top.ikey = ckey(top.oavail, top.id)
-                chain.root_index.add(top.ikey)
+                chain.root_index.add(top)
             for n in chain.nodes:
-                n.ikey = ckey(n.oavail, n.id)
-                chain.node_index.add(n.ikey)
+                chain.node_index.add(n)
         for vc in config.virtual_clusters.values():
             scopes: dict[str, VScope] = {}
             pinned: dict[str, VScope] = {}
@@ -276,14 +322,13 @@ class Cluster:
             for scope in list(scopes.values()) + list(pinned.values()):
                 scope.node_leaves_max = max((c.leaves for c in scope.nodes), default=0)
                 for r in scope.roots:
-                    r.ikey = ckey(r.free, r.id)
-                    scope.root_index.add(r.ikey)
+                    if r.level < scope.chain.info.node_level:
+                        scope.chain.low_roots = True
+                    scope.root_index.add(r)
                     scope.unbound[r.level] += r.pcell is None
                     scope.unused[r.level] += 1
                 for c in scope.nodes:
-                    if c.parent is not None:  # roots below node level are indexed as roots
-                        c.ikey = ckey(c.free, c.id)
-                    scope.node_index.add(c.ikey)  # type: ignore[arg-type]
+                    scope.node_index.add(c)
 
     # -- construction -------------------------------------------------------------
 
@@ -366,9 +411,13 @@ class Cluster:
         c = p
         while True:
             parent = c.parent
-            if parent is None or any(not s.in_free for s in parent.children if s is not c):
+            if parent is None:
                 self._free_add(c)
                 return
+            for s in parent.children:
+                if s is not c and not s.in_free:
+                    self._free_add(c)
+                    return
             for s in parent.children:
                 if s is not c:
                     self._free_remove(s)
@@ -505,24 +554,32 @@ class Cluster:
         cell ``vnode``, mapped cell by cell onto the same positions of ``pnode``'s
         subtree (``MapPlan.full_node``), whose leaves are all unused, healthy and
         unpinned: the same state, each cell of the two subtrees updated once rather than
-        once per leaf below it. False, changing nothing, when that does not hold."""
+        once per leaf below it. False, changing nothing, when that does not hold. (The
+        callers pass pods of more than one leaf: the node cells are not leaves.)"""
         if vnode.pcell is not None or pnode.vcell is not None or pnode.oavail != pnode.leaves or \
                 prio == OPPORTUNISTIC_PRIORITY:
             return False
         self.bind(vnode, pnode)  # the node cell and up, as its first leaf's bind would
-        for x, y in zip(vnode.sub[1:], pnode.sub[1:]):
+        # Each cell below the two node cells has all its leaves taken now: the virtual
+        # ones had every leaf free (vnode was unbound: a used leaf binds its ancestors),
+        # the physical ones every leaf unused, healthy and unpinned (pnode.oavail ==
+        # pnode.leaves), so the counts are set rather than adjusted.
+        for x, y in zip(vnode.inner, pnode.inner):
             x.pcell = y
             y.vcell = x
-            x.free -= x.leaves  # each cell below the node: all its leaves taken
-            y.used += y.leaves
-            y.oavail -= y.leaves
-        for v in vnode.leafs:
-            v.user = g
-            v.prio = prio
-        for p in pnode.leafs:
-            p.user = g
-            p.prio = prio
-        n = len(pnode.leafs)
+            x.free = 0
+            y.used = y.leaves
+            y.oavail = 0
+        leafs = pnode.leafs
+        for v, p in zip(vnode.leafs, leafs):  # the leaves likewise, and their user
+            v.pcell = p
+            p.vcell = v
+            v.free = 0
+            p.used = 1
+            p.oavail = 0
+            v.user = p.user = g
+            v.prio = p.prio = prio
+        n = len(leafs)
         _virtual_up(vnode, -n, t.v)
         _physical_up(pnode, n, False, True, t)
         return True
@@ -546,8 +603,13 @@ class Cluster:
         if not pl:
             return
         opp = pl[0].prio == OPPORTUNISTIC_PRIORITY
-        if len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and vl) or \
-                any((p.prio == OPPORTUNISTIC_PRIORITY) is not opp for p in pl):
+        mixed = len(pleaves) != (len(vleaves) if vleaves is not None else len(pleaves)) or (opp and bool(vl))
+        if not mixed:
+            for p in pl:
+                if (p.prio == OPPORTUNISTIC_PRIORITY) is not opp:
+                    mixed = True
+                    break
+        if mixed:
             for i, p in enumerate(pleaves):
                 if p is not None:
                     self.unuse_leaf(p, vleaves[i] if vleaves is not None else None, t)
@@ -561,7 +623,7 @@ class Cluster:
                 # the pod held every leaf of its node cell: the whole subtree unbinds (as
                 # leaf by leaf would, each cell once its last child went), then the node
                 # cell itself and up as ``unbind`` goes
-                for x in top.sub[1:]:
+                for x in top.below:
                     p = x.pcell
                     x.pcell = None
                     p.vcell = None
@@ -584,28 +646,32 @@ class Cluster:
         vnode = vl[0]
         if vnode is None:
             return False
-        while not vnode.nodeish and vnode.parent is not None:
-            vnode = vnode.parent
+        vnode = vnode.ncell
         pnode = vnode.pcell
         if vnode.leafs != vl or pnode is None or pnode.bad or pnode.unpinned != pnode.leaves or len(pl) != len(vl):
             return False
         for p in pl:
             if p is None or p.prio == OPPORTUNISTIC_PRIORITY:
                 return False
-        for v in vl:
-            v.user = None  # type: ignore[union-attr]
-            v.prio = FREE_PRIORITY  # type: ignore[union-attr]
-        for p in pl:
-            p.user = None  # type: ignore[union-attr]
-            p.prio = FREE_PRIORITY  # type: ignore[union-attr]
-        for x in vnode.sub[1:]:
-            x.free += x.leaves
+        # Every leaf below the two node cells was this pod's (a guaranteed pod's, on
+        # healthy unpinned cells) and is free now: the counts are set, as in use_node.
+        # The leaves ``pl`` are those bound to ``vl``.
+        for x in vnode.inner:
+            x.free = x.leaves
             p = x.pcell
             x.pcell = None
             p.vcell = None
-        for y in pnode.sub[1:]:
-            y.used -= y.leaves
-            y.oavail += y.leaves
+        for y in pnode.inner:
+            y.used = 0
+            y.oavail = y.leaves
+        for v in vl:
+            p = v.pcell  # type: ignore[union-attr]
+            v.pcell = p.vcell = None  # type: ignore[union-attr]
+            v.user = p.user = None  # type: ignore[union-attr]
+            v.prio = p.prio = FREE_PRIORITY  # type: ignore[union-attr]
+            v.free = 1  # type: ignore[union-attr]
+            p.used = 0
+            p.oavail = 1
         n = len(vl)
         _virtual_up(vnode, n, t.v)
         self.unbind(vnode)  # the node cell and up, as ``unbind`` of its last leaf would
@@ -678,33 +744,25 @@ class Cluster:
         self.bad_version += 1
 
     def reindex(self, t: Touched) -> None:
-        # KeyIndex.remove / add inlined: this runs for every touched root and node of
-        # every command
+        """After a batch of counter updates: the touched roots and nodes are marked in
+        their indexes (re-keyed when next read, ``CountIndex``), the touched free cells
+        re-keyed in the free lists."""
         for v in t.v:
-            key = v.free << ID_BITS | v.id
-            old = v.ikey
-            if key != old:
-                assert old is not None
-                scope = v.scope
-                if v.parent is None:
-                    _rekey(scope.root_index.keys, old, key)
-                if v.nodeish:
-                    _rekey(scope.node_index.keys, old, key)
-                v.ikey = key
+            scope = v.scope
+            if v.parent is None:
+                scope.root_index.stale[v] = None
+            if v.nodeish:
+                scope.node_index.stale[v] = None
         for p in t.p:
-            key = p.oavail << ID_BITS | p.id
-            old = p.ikey
-            if key != old:
-                assert old is not None
-                chain = p.chain
-                if p.parent is None:
-                    _rekey(chain.root_index.keys, old, key)
-                if p.nodeish:
-                    _rekey(chain.node_index.keys, old, key)
-                p.ikey = key
-        for p in t.f:
-            if p.in_free:
-                self.free_rekey(p)
+            chain = p.chain
+            if p.parent is None:
+                chain.root_index.stale[p] = None
+            if p.nodeish:
+                chain.node_index.stale[p] = None
+        if t.f:
+            for p in t.f:
+                if p.in_free:
+                    self.free_rekey(p)
 
     # -- queries used by placement and invariants ------------------------------------
 
@@ -822,8 +880,22 @@ def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> VCell | None:
 def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> None:
     """``_physical_up(leaf, d, opp, avail)`` for each of ``leaves`` (``avail`` its own:
     healthy and outside pinned cells), from the node up once per run of leaves under
-    the same node with the same ``avail``."""
+    the same node with the same ``avail``. When ``leaves`` are every leaf of one
+    healthy unpinned node cell, each cell below it moves by its leaf count in one pass."""
     tf = t.f
+    node = leaves[0].ncell
+    if node is not None and len(leaves) > 1 and node.leafs == leaves and not node.bad and \
+            node.unpinned == node.leaves:
+        for y in node.below:
+            m = y.leaves * d
+            y.used += m
+            if opp:
+                y.opp += m
+                if y.in_free:
+                    tf[y] = None
+            y.oavail -= m
+        _physical_up(node, len(leaves) * d, opp, True, t)
+        return
     top = None
     n = 0
     top_avail = False
@@ -849,18 +921,38 @@ def _physical_up_many(leaves: list[PCell], d: int, opp: bool, t: Touched) -> Non
 
 
 def _static_lists(c: Any, node_level: int) -> None:
-    """At or below the node level, a cell's leaf cells left to right (``leafs``) and
-    its subtree (``sub``, pre-order): the tree never changes once built, so placement
-    reads these instead of walking it. None above the node level (not needed: they
-    would cost memory and build time in proportion to the cluster) and on leaf cells
-    other than node cells (their parent lists them)."""
+    """Static lists, so placement and the bookkeeping read these instead of walking
+    the tree (which never changes once built). At or below the node level: a cell's
+    leaf cells left to right (``leafs``), its subtree (``sub``, pre-order), ``below``
+    (``sub`` without the cell itself), ``inner`` (``below`` without the leaf cells) and
+    ``ncell``, the node cell at or above it (the first ancestor-or-self that is
+    ``nodeish``: the node-level cell, or a virtual root below the node level; nodeish
+    cells never nest). Above the node level: ``node_cells``, the node cells under it.
+    The others are None above the node level (not needed: they would cost memory and
+    build time in proportion to the cluster) and on leaf cells other than node cells
+    (their parent lists them)."""
+    c.node_cells = None
+    if c.level > node_level:
+        # the node cells under c (nodeish cells never nest)
+        nodes: list[Any] = []
+        for ch in c.children:
+            if ch.nodeish:
+                nodes.append(ch)
+            elif ch.node_cells is not None:
+                nodes += ch.node_cells
+        c.node_cells = nodes
     if c.level > node_level or (c.level == 1 and not c.nodeish):
         c.leafs = None
         c.sub = None
+        c.below = None
+        c.inner = None
         return
     if c.level == 1:
         c.leafs = [c]
         c.sub = [c]
+        c.below = []
+        c.inner = []
+        c.ncell = c
         return
     leafs: list[Any] = []
     sub = [c]
@@ -873,6 +965,11 @@ def _static_lists(c: Any, node_level: int) -> None:
             sub += ch.sub
     c.leafs = leafs
     c.sub = sub
+    c.below = sub[1:]
+    c.inner = [x for x in c.below if x.level > 1]
+    if c.nodeish:
+        for x in sub:
+            x.ncell = c
 
 
 class Touched:

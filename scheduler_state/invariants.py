@@ -322,11 +322,12 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
     for chain in cl.chains.values():
         for top in chain.tops:
             prec(top)
+        # (reading an index brings it up to date: CountIndex re-keys on read)
         want = sorted(ckey(c.oavail, c.id) for c in chain.tops)
-        if chain.root_index.keys != want:
+        if chain.root_index.sorted_keys() != want or sorted(chain.root_index.at.values()) != want:
             _err(out, f"chain {chain.info.name}: top-cell index out of date")
         want = sorted(ckey(c.oavail, c.id) for c in chain.nodes)
-        if chain.node_index.keys != want:
+        if chain.node_index.sorted_keys() != want or sorted(chain.node_index.at.values()) != want:
             _err(out, f"chain {chain.info.name}: node index out of date")
     for vc in sorted(cl.vc_scopes):
         for scope in cl.scopes_of(vc):
@@ -340,9 +341,11 @@ def _check_counters(m: SchedulerStateMachine, out: list[str]) -> None:
             if (unbound, unused) != (scope.unbound, scope.unused):
                 _err(out, f"scope {scope.key}: roots unbound per level {unbound[1:]}, unused {unused[1:]}; "
                           f"counters say {scope.unbound[1:]}, {scope.unused[1:]}")
-            if scope.root_index.keys != sorted(ckey(r.free, r.id) for r in scope.roots):
+            want = sorted(ckey(r.free, r.id) for r in scope.roots)
+            if scope.root_index.sorted_keys() != want or sorted(scope.root_index.at.values()) != want:
                 _err(out, f"scope {scope.key}: root index out of date")
-            if scope.node_index.keys != sorted(ckey(n.free, n.id) for n in scope.nodes):
+            want = sorted(ckey(n.free, n.id) for n in scope.nodes)
+            if scope.node_index.sorted_keys() != want or sorted(scope.node_index.at.values()) != want:
                 _err(out, f"scope {scope.key}: node index out of date")
 
 

@@ -73,6 +73,7 @@ import msgpack
 from scheduler_state.cells import (
     OPPORTUNISTIC_PRIORITY,
     Cluster,
+    CountIndex,
     PCell,
     PChain,
     Touched,
@@ -269,10 +270,11 @@ class SchedulerStateMachine:
             return {"ok": False, "error": f"unknown op {str(op)[:40]!r}; known: {', '.join(sorted(_HANDLERS))}"}
         try:
             result = handler(self, command)
-            if op not in READ_OPS:
+            cl = self.cluster
+            if (cl.bad_nodes or cl.hbound) and op not in READ_OPS:
                 # HiveD's doomed bad cells and bad-cell bindings (health.py): brought to
                 # its rules at every command boundary (a no-op without bad nodes).
-                _health.reconcile(self.cluster)
+                _health.reconcile(cl)
             return result
         except NotFound as exc:
             return {"ok": False, "error": str(exc), "not_found": True}
@@ -405,16 +407,14 @@ class SchedulerStateMachine:
         if vcg is not None:
             vcg.pop(g.name, None)
 
-    def _free_pod(self, pod: Pod, t: Touched) -> None:
-        vl = pod.vleaves
-        self.cluster.unuse_pod(pod.pleaves, vl, t)
-        pod.pleaves = [None] * len(pod.pleaves)
-        if vl is not None:
-            pod.vleaves = [None] * len(vl)
-
     def _remove_group(self, g: Group, t: Touched) -> None:
-        for pod in g.pods:
-            self._free_pod(pod, t)
+        unuse_pod = self.cluster.unuse_pod
+        for pod in g.pods:  # each pod's cells freed, its leaves no longer tracked
+            vl = pod.vleaves
+            unuse_pod(pod.pleaves, vl, t)
+            pod.pleaves = [None] * len(pod.pleaves)
+            if vl is not None:
+                pod.vleaves = [None] * len(vl)
         if g.slots is not None:
             for ref in g.slots:
                 if ref is not None:
@@ -435,7 +435,28 @@ class SchedulerStateMachine:
         or leaf type, and groups larger than any cell of the physical cluster. A group
         that fits the cluster but not its VC's quota is not an error: it waits (the
         feature README's gang example), and the second value says why.
+
+        The answer depends on the request's shape and the config only (never on cell
+        state), so it is cached per shape on the cluster, which a new config replaces.
+        Callers must not modify the returned list.
         """
+        pods = req.pod_sizes
+        key = (req.vc, req.leaf_type, req.pinned_id, req.priority == OPPORTUNISTIC_PRIORITY, max(pods), req.total)
+        cache = self.cluster.candidates_cache
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                hit = self._candidates_uncached(req)
+            except RequestError as exc:
+                hit = exc
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = hit
+        if isinstance(hit, RequestError):
+            raise RequestError(str(hit))
+        return hit
+
+    def _candidates_uncached(self, req: Request) -> tuple[list[Any], str | None]:
         cl = self.cluster
         if req.vc not in cl.vc_scopes:
             raise RequestError(f"VC {req.vc} does not exist")
@@ -501,10 +522,10 @@ class SchedulerStateMachine:
         pods = req.pods
         total = req.total
         for chain in chains:
-            keys = chain.node_index.keys
+            nodes = chain.node_index  # read (so re-keyed) only when a spread needs it
 
-            def spread(kmin: int, keys: list[int] = keys) -> list[PCell]:
-                return list(indexed_roots(keys, cl.pcells, kmin))
+            def spread(kmin: int, nodes: CountIndex = nodes) -> list[PCell]:
+                return list(indexed_roots(nodes.sorted_keys(), cl.pcells, kmin))
 
             # HiveD spreads opportunistic pods away from guaranteed ones: first only
             # nodes without guaranteed leaves, then (if that fails) any node.
@@ -512,8 +533,8 @@ class SchedulerStateMachine:
             guaranteed = any(top.used != top.opp for top in chain.tops)
             for away in ((True, False) if guaranteed else (False,)):
                 placer = physical_placer(sugg, away)
-                found = placer.place(indexed_roots(chain.root_index.keys, cl.pcells, total), spread, pods,
-                                     (keys, cl.pcells))
+                found = placer.place(indexed_roots(chain.root_index.sorted_keys(), cl.pcells, total), spread, pods,
+                                     (nodes, cl.pcells))
                 if found is not None:
                     break
             if found is None:
@@ -553,12 +574,12 @@ class SchedulerStateMachine:
                     if scope.free < total:
                         continue
                     placer = virtual_free_placer(sugg, avoid_doomed)
-                    roots: Any = indexed_roots(scope.root_index.keys, cl.vcells, total)
-                    keys = scope.node_index.keys
+                    roots: Any = indexed_roots(scope.root_index.sorted_keys(), cl.vcells, total)
+                    nodes = scope.node_index  # read (so re-keyed) only when a spread needs it
 
-                    def spread(kmin: int, keys: list[int] = keys) -> list[VCell]:
-                        return list(indexed_roots(keys, cl.vcells, kmin))
-                    sindex: Any = (keys, cl.vcells)
+                    def spread(kmin: int, nodes: CountIndex = nodes) -> list[VCell]:
+                        return list(indexed_roots(nodes.sorted_keys(), cl.vcells, kmin))
+                    sindex: Any = (nodes, cl.vcells)
                 else:
                     lower = []
                     for g in self.vc_groups[req.vc].values():
@@ -615,9 +636,7 @@ class SchedulerStateMachine:
         lazy: dict[str, Group] = {}
         holds: dict[str, Group] = {}  # reservations of Preempting groups (lower priority) overwritten
         for leaves in vplace:
-            top = leaves[0]
-            while not top.nodeish and top.parent is not None:
-                top = top.parent
+            top = leaves[0].ncell
             if top.free == top.leaves and top.leafs == leaves:
                 continue  # a whole node cell with no leaf in use: no user to look at
             for v in leaves:
@@ -627,9 +646,9 @@ class SchedulerStateMachine:
                         holds[u.name] = u
                     else:
                         (lazy if u.req.lazy_preemption else victims)[u.name] = u
-        lazy_list = sorted(lazy.values(), key=lambda g: g.seq)
+        lazy_list = sorted(lazy.values(), key=lambda g: g.seq) if lazy else []
         t = Touched()
-        saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list]
+        saved = [(g, self._lazy_preempt(g, req.name, t)) for g in lazy_list] if lazy_list else []
         plan = MapPlan(cl, sugg)
         pplace: list[list[PCell]] = []
         wholes: list[tuple[VCell, PCell] | None] = []  # per pod: its whole node cells, if mapped so
@@ -669,14 +688,17 @@ class SchedulerStateMachine:
                 self._unlazy(g, vl, t)
             cl.reindex(t)
             return _Attempt(None, failure)
-        for row in pplace:
+        for row, whole in zip(pplace, wholes):
+            if whole is not None:
+                continue  # a whole unused physical node (checked above): no user
             for p in row:
                 u = p.user
                 if u is not None and u.name not in victims and u.reserving is None:
                     victims[u.name] = u  # an opportunistic user of a physical cell we need
-        ordered = sorted(victims.values(), key=lambda g: g.seq)
-        held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None)
-        if held is None:
+        ordered = sorted(victims.values(), key=lambda g: g.seq) if victims else []
+        held = next((h for x in ordered if (h := self._reserved_by(x, req.priority)) is not None), None) \
+            if ordered else None
+        if held is None and holds:
             held = next((h.reserving for h in holds.values() if h.reserving.req.priority >= req.priority), None)
         if held is not None:  # HiveD: Reserving/Reserved cells go only to a higher-priority group
             for g, vl in reversed(saved):
@@ -686,11 +708,12 @@ class SchedulerStateMachine:
                                   f"(priority {held.req.priority})")
         # Preempting groups (of lower priority) whose cells this placement overwrites:
         # reserved ones, or their victims' (HiveD e3/e6: cancelled, e5).
-        over = {h.name: h.reserving for h in holds.values()}
-        for x in ordered + lazy_list:
-            if x.preempted_by is not None and x.preempted_by in self.preemptors:
-                over[x.preempted_by] = self.preemptors[x.preempted_by]
-        cancel = sorted(over.values(), key=lambda p: p.seq)
+        over = {h.name: h.reserving for h in holds.values()} if holds else {}
+        if self.preemptors:
+            for x in ordered + lazy_list:
+                if x.preempted_by is not None and x.preempted_by in self.preemptors:
+                    over[x.preempted_by] = self.preemptors[x.preempted_by]
+        cancel = sorted(over.values(), key=lambda p: p.seq) if over else []
         if mode == "dry" or (mode == "no_victims" and ordered) or (mode == "reserve" and not ordered):
             # Not committed: undo the lazy demotions, report the plan (pods.py).
             for g, vl in reversed(saved):
@@ -719,7 +742,7 @@ class SchedulerStateMachine:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
-        for k, vleaves, pleaves, whole in zip(req.pods, vplace, pplace, wholes):
+        for k, vleaves, pleaves, whole in zip(req.pod_sizes, vplace, pplace, wholes):
             if whole is not None and cl.use_node(g, whole[0], whole[1], prio, t):
                 rtype = whole[0].root.ctype
                 devices = [(p.node, p.leaf_index, rtype) for p in pleaves]
@@ -774,6 +797,8 @@ class SchedulerStateMachine:
         victims left are theirs, never a waiting group's."""
         _health.reconcile(self.cluster)
         out: list[dict[str, Any]] = _pods.complete_preemptions(self) if self.preemptors else []
+        if not self.pending:
+            return out
         # Requests of the same shape fail alike until something is placed, so a shape
         # that failed in this pass is not searched again (a long queue of equal jobs
         # costs one search, not one per job).
@@ -843,8 +868,10 @@ class SchedulerStateMachine:
         self.clock_ms = now
         g.lease_ms = lease
         result = self._group_view(g)
-        result.update(ok=True, preempted=attempt.preempted, lazy_preempted=attempt.lazy_preempted)
-        result["scheduled"] = _pods.cancelled_entries(attempt.cancelled, g.name) + (
+        result["ok"] = True
+        result["preempted"] = attempt.preempted
+        result["lazy_preempted"] = attempt.lazy_preempted
+        result["scheduled"] = (_pods.cancelled_entries(attempt.cancelled, g.name) if attempt.cancelled else []) + (
             self._retry_pending() if attempt.preempted or attempt.cancelled else [])
         return result
 

@@ -32,7 +32,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, PCell, PChain, VCell, VScope, counts_shortfall
+from scheduler_state.cells import ID_BITS, ID_MASK, Cluster, CountIndex, PCell, PChain, VCell, VScope, counts_shortfall
 
 Cell = Any  # PCell or VCell: the search only reads level, children, id, nodeish, parent
 
@@ -48,15 +48,21 @@ class Placer:
         self.node_ok = node_ok
 
     def place(self, roots: Iterable[Cell], spread_nodes: Callable[[int], list[Cell]],
-              pods: Sequence[int], spread_index: tuple[list[int], list[Cell]] | None = None) -> list[list[Cell]] | None:
+              pods: Sequence[int], spread_index: tuple[CountIndex, list[Cell]] | None = None) -> list[list[Cell]] | None:
         """Leaf cells per pod (in ``pods`` order), or None if the scope cannot hold them.
 
-        ``spread_index``: the up-to-date node index (``cells.KeyIndex`` keys and the
-        cell list they resolve in) whose counts are this placer's own when nothing is
-        picked yet; ``spread_nodes`` lists the same nodes. Then the spread over nodes
-        reads the index's order instead of counting and sorting the nodes again."""
-        order = sorted(range(len(pods)), key=lambda i: (-pods[i], i))
-        sizes = [pods[i] for i in order]
+        ``spread_index``: the node index (a ``cells.CountIndex``, read only if a spread
+        is needed, and the cell list its keys resolve in) whose counts are this
+        placer's own when nothing is picked yet; ``spread_nodes`` lists the same nodes.
+        Then the spread over nodes reads the index's order instead of counting and
+        sorting the nodes again."""
+        n = len(pods)
+        if n == 1 or min(pods) == max(pods):
+            order: Sequence[int] = range(n)  # (sizes descending, then index): as given
+            sizes = list(pods)
+        else:
+            order = sorted(range(n), key=lambda i: (-pods[i], i))
+            sizes = [pods[i] for i in order]
         total = sum(sizes)
         found: list[list[Cell]] | None = None
         for root in roots:
@@ -65,11 +71,13 @@ class Placer:
                 break
         if found is None and len(sizes) > 1:
             if spread_index is not None and not self.delta:  # a failed search picks nothing
-                found = self._spread_indexed(spread_index[0], spread_index[1], sizes)
+                found = self._spread_indexed(spread_index[0].sorted_keys(), spread_index[1], sizes)
             else:
                 found = self._spread(spread_nodes(sizes[-1]), sizes)
         if found is None:
             return None
+        if isinstance(order, range):
+            return found
         out: list[list[Cell]] = [[] for _ in pods]
         for j, i in enumerate(order):
             out[i] = found[j]
@@ -79,11 +87,12 @@ class Placer:
         if c.nodeish or c.level == 1:
             return self._in_node(c, sizes, total)
         cnt = self.cnt
-        kids = sorted((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) >= total)
-        for _, _, ch in kids:
-            found = self._try(ch, sizes, total)
-            if found is not None:
-                return found
+        if c.children[0].leaves >= total:  # (siblings are alike; a count never exceeds leaves)
+            kids = sorted((n, ch.id, ch) for ch in c.children if (n := cnt(ch)) >= total)
+            for _, _, ch in kids:
+                found = self._try(ch, sizes, total)
+                if found is not None:
+                    return found
         if len(sizes) > 1:
             return self._spread(self._nodes_under(c), sizes)
         return None
@@ -111,6 +120,9 @@ class Placer:
         return out
 
     def _nodes_under(self, c: Cell) -> list[Cell]:
+        """The node cells under ``c`` (in no particular order: ``_spread`` orders them)."""
+        if c.node_cells is not None:
+            return c.node_cells
         out = []
         stack = [c]
         while stack:
@@ -427,18 +439,17 @@ class MapPlan:
         None when that does not hold (``physical`` leaf by leaf then gives the same
         answer as ever: what this did, planning the node cell, is what its first leaf
         would have done first)."""
-        v = leaves[0]
-        while not v.nodeish and v.parent is not None:
-            v = v.parent
+        v = leaves[0].ncell
         if v.pcell is not None or v in self.plan or v.sub is None or v.leafs != leaves:
             return None
         p = self.physical(v)
         if p is None or p.opp or p.sub is None or len(p.sub) != len(v.sub):
             return None
-        taken = self.taken
-        for x in p.sub:
-            if x is not p and (x.vcell is not None or x.id in taken):
-                return None
+        if p.chain.low_roots:  # else nothing below p can be bound or planned (PChain.low_roots)
+            taken = self.taken
+            for x in p.below:
+                if x.vcell is not None or x.id in taken:
+                    return None
         # The cells below v and p are not entered in the plan: nothing looks them up.
         # ``physical`` climbs from other pods' leaves, never under v (every leaf of v is
         # this pod's), and picks children of planned or bound cells, never under p (p

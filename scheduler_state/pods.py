@@ -200,8 +200,14 @@ def parse_pod_spec(spec: Any, namespace: str, name: str, suggested: Any = None) 
     return parse_request(spec, suggested), k
 
 
+def _spec_fields(r: Request) -> tuple[Any, ...]:
+    """What ``Request.spec()`` is made of: two specs are equal exactly when these are."""
+    return (r.vc, r.priority, r.name, r.members, r.lazy_preemption, r.gang_release, r.ignore_suggested,
+            r.pinned_id, r.leaf_type)
+
+
 def _same_spec(have: Request, req: Request) -> None:
-    if have.spec() != req.spec():
+    if _spec_fields(have) != _spec_fields(req):
         raise CommandError(f"pod scheduling spec differs from that of its affinity group {have.name} "
                            f"(vc {have.vc}, priority {have.priority}, members "
                            f"{[list(m) for m in have.members]})")
@@ -288,7 +294,7 @@ def annotations(info: dict[str, Any], g: Group | None = None) -> dict[str, str]:
     the group ``info`` is the bind info of (``bind_info(g, slot)``), if any."""
     return {
         ANNOTATION_BIND_INFO: bind_info_yaml(info, g),
-        ANNOTATION_ISOLATION: ",".join(str(i) for i in info["leafCellIsolation"]),
+        ANNOTATION_ISOLATION: ",".join(map(str, info["leafCellIsolation"])),
     }
 
 

@@ -23,7 +23,6 @@ as HiveD's YAML decoding ignores them. ``parse_request`` raises :class:`RequestE
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -40,31 +39,60 @@ class RequestError(ValueError):
     """The request itself is invalid (HiveD answers such pods with a bad-request error)."""
 
 
-@dataclass(frozen=True)
 class Request:
-    name: str
-    vc: str
-    priority: int
-    pinned_id: str | None
-    leaf_type: str | None
-    members: tuple[tuple[int, int], ...]  # (podNumber, leafCellNumber), as given
-    lazy_preemption: bool
-    gang_release: bool
-    ignore_suggested: bool
-    suggested: tuple[str, ...] | None  # sorted, or None when not given
-    # Derived from ``members`` once (placement reads them several times per command).
-    pod_sizes: tuple[int, ...] = field(init=False, compare=False, repr=False)
-    total: int = field(init=False, compare=False, repr=False)
+    """One validated affinity group request. Immutable by convention (nothing assigns
+    to a Request once built); equality and hash are over the fields below, as a frozen
+    dataclass's would be. A plain class with ``__slots__`` because one is built for
+    every ``allocate`` and pod command: a frozen dataclass sets each field through
+    ``object.__setattr__``, several times the cost."""
 
-    def __post_init__(self) -> None:
-        sizes: list[int] = []
-        total = 0
-        for n, k in self.members:
-            sizes += [k] * n
-            total += n * k
-        d = self.__dict__  # frozen: set once, here
-        d["pod_sizes"] = tuple(sizes)
-        d["total"] = total
+    __slots__ = ("name", "vc", "priority", "pinned_id", "leaf_type", "members", "lazy_preemption",
+                 "gang_release", "ignore_suggested", "suggested", "pod_sizes", "total")
+
+    def __init__(self, name: str, vc: str, priority: int, pinned_id: str | None, leaf_type: str | None,
+                 members: tuple[tuple[int, int], ...], lazy_preemption: bool, gang_release: bool,
+                 ignore_suggested: bool, suggested: tuple[str, ...] | None) -> None:
+        self.name = name
+        self.vc = vc
+        self.priority = priority
+        self.pinned_id = pinned_id
+        self.leaf_type = leaf_type
+        self.members = members  # (podNumber, leafCellNumber), as given
+        self.lazy_preemption = lazy_preemption
+        self.gang_release = gang_release
+        self.ignore_suggested = ignore_suggested
+        self.suggested = suggested  # sorted, or None when not given
+        # Derived from ``members`` once (placement reads them several times per command).
+        if len(members) == 1:
+            n, k = members[0]
+            self.pod_sizes: tuple[int, ...] = (k,) * n
+            self.total = n * k
+        else:
+            sizes: list[int] = []
+            total = 0
+            for n, k in members:
+                sizes += [k] * n
+                total += n * k
+            self.pod_sizes = tuple(sizes)
+            self.total = total
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.name, self.vc, self.priority, self.pinned_id, self.leaf_type, self.members,
+                self.lazy_preemption, self.gang_release, self.ignore_suggested, self.suggested)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"Request(name={self.name!r}, vc={self.vc!r}, priority={self.priority!r}, "
+                f"pinned_id={self.pinned_id!r}, leaf_type={self.leaf_type!r}, members={self.members!r}, "
+                f"lazy_preemption={self.lazy_preemption!r}, gang_release={self.gang_release!r}, "
+                f"ignore_suggested={self.ignore_suggested!r}, suggested={self.suggested!r})")
 
     @property
     def pods(self) -> list[int]:
@@ -120,6 +148,9 @@ def _bool(spec: dict[str, Any], key: str, default: bool) -> bool:
     return v
 
 
+_SHORT = NAME_BYTES_MAX // 4  # a str this long or shorter is within NAME_BYTES_MAX (4 bytes a character at most)
+
+
 def _name(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise RequestError(f"{what} must be a non-empty string")
@@ -129,7 +160,11 @@ def _name(v: Any, what: str) -> str:
 
 
 def parse_request(group: Any, suggested: Any = None) -> Request:
-    """Validate one affinity group's spec (a mapping or the annotation's YAML text)."""
+    """Validate one affinity group's spec (a mapping or the annotation's YAML text).
+
+    The common shapes (plain ``str`` / ``int`` values, short names) are checked inline;
+    anything else goes through the general helpers, with the same checks in the same
+    order, so every error is the one it always was."""
     if isinstance(group, str):
         try:
             group = yaml.safe_load(group)
@@ -137,35 +172,42 @@ def parse_request(group: Any, suggested: Any = None) -> Request:
             raise RequestError(f"malformed YAML in group spec: {' '.join(str(exc).split())}") from None
     if not isinstance(group, dict):
         raise RequestError("group must be a mapping (HiveD's pod scheduling spec)")
-    vc = _name(group.get("virtualCluster"), "virtualCluster")
-    priority = group.get("priority", 0)
+    get = group.get
+    vc = get("virtualCluster")
+    if type(vc) is not str or not vc or len(vc) > _SHORT:
+        vc = _name(vc, "virtualCluster")
+    priority = get("priority", 0)
     if priority is None:
         priority = 0
-    if not _is_int(priority):
+    if type(priority) is not int and not _is_int(priority):
         raise RequestError(f"priority must be an integer, got {priority!r}")
     if priority < OPPORTUNISTIC_PRIORITY:
         raise RequestError(f"priority {priority} is less than {OPPORTUNISTIC_PRIORITY} (opportunistic)")
     if priority > MAX_GUARANTEED_PRIORITY:
         raise RequestError(f"priority {priority} is greater than {MAX_GUARANTEED_PRIORITY}")
-    pinned = group.get("pinnedCellId") or None
+    pinned = get("pinnedCellId") or None
     if pinned is not None:
         pinned = _name(pinned, "pinnedCellId")
-    leaf_type = group.get("leafCellType") or None
-    if leaf_type is not None:
+    leaf_type = get("leafCellType") or None
+    if leaf_type is not None and (type(leaf_type) is not str or len(leaf_type) > _SHORT):
         leaf_type = _name(leaf_type, "leafCellType")
-    pod_leaves = group.get("leafCellNumber")
+    pod_leaves = get("leafCellNumber")
     if pod_leaves is not None and (not _is_int(pod_leaves) or pod_leaves <= 0):
         raise RequestError(f"leafCellNumber must be a positive integer, got {pod_leaves!r}")
-    ag = group.get("affinityGroup")
+    ag = get("affinityGroup")
+    npods = 0
     if ag is None:
-        name = _name(group.get("name"), "affinityGroup.name (or name, when affinityGroup is null)")
+        name = _name(get("name"), "affinityGroup.name (or name, when affinityGroup is null)")
         if pod_leaves is None:
             raise RequestError("leafCellNumber is required when affinityGroup is null")
         members: list[tuple[int, int]] = [(1, pod_leaves)]
+        npods = 1
     else:
         if not isinstance(ag, dict):
             raise RequestError("affinityGroup must be a mapping with name and members")
-        name = _name(ag.get("name"), "affinityGroup.name")
+        name = ag.get("name")
+        if type(name) is not str or not name or len(name) > _SHORT:
+            name = _name(name, "affinityGroup.name")
         raw_members = ag.get("members")
         if raw_members is None:
             if pod_leaves is None:
@@ -178,18 +220,19 @@ def parse_request(group: Any, suggested: Any = None) -> Request:
             if not isinstance(m, dict):
                 raise RequestError(f"affinityGroup.members[{i}] must be a mapping with podNumber and leafCellNumber")
             n, k = m.get("podNumber"), m.get("leafCellNumber")
-            if not _is_int(n) or n <= 0:
+            if (type(n) is not int and not _is_int(n)) or n <= 0:
                 raise RequestError(f"affinityGroup.members[{i}].podNumber must be a positive integer, got {n!r}")
-            if not _is_int(k) or k <= 0:
+            if (type(k) is not int and not _is_int(k)) or k <= 0:
                 raise RequestError(f"affinityGroup.members[{i}].leafCellNumber must be a positive integer, got {k!r}")
             if k > LEAF_CELLS_PER_POD_MAX:
                 raise RequestError(f"affinityGroup.members[{i}].leafCellNumber {k} exceeds {LEAF_CELLS_PER_POD_MAX}")
             members.append((n, k))
+            npods += n
         if pod_leaves is not None and all(k != pod_leaves for _, k in members):
             raise RequestError(
                 f"affinityGroup.members does not contain the pod's leafCellNumber {pod_leaves}"
             )
-    if sum(n for n, _ in members) > PODS_PER_GROUP_MAX:
+    if npods > PODS_PER_GROUP_MAX:
         raise RequestError(f"affinity group has more than {PODS_PER_GROUP_MAX} pods")
     if pinned is not None and priority == OPPORTUNISTIC_PRIORITY:
         raise RequestError(f"opportunistic pods cannot use pinned cell {pinned}")
@@ -200,18 +243,22 @@ def parse_request(group: Any, suggested: Any = None) -> Request:
         if len(suggested) > SUGGESTED_NODES_MAX:
             raise RequestError(f"suggestedNodes has more than {SUGGESTED_NODES_MAX} entries")
         sugg = tuple(sorted(set(suggested)))
-    return Request(
-        name=name,
-        vc=vc,
-        priority=priority,
-        pinned_id=pinned,
-        leaf_type=leaf_type,
-        members=tuple(members),
-        lazy_preemption=_bool(group, "lazyPreemptionEnable", False),
-        gang_release=_bool(group, "gangReleaseEnable", False),
-        ignore_suggested=_bool(group, "ignoreK8sSuggestedNodes", True),
-        suggested=sugg,
-    )
+    lazy = get("lazyPreemptionEnable")
+    if lazy is None:
+        lazy = False
+    elif lazy is not True and lazy is not False:
+        lazy = _bool(group, "lazyPreemptionEnable", False)
+    gang = get("gangReleaseEnable")
+    if gang is None:
+        gang = False
+    elif gang is not True and gang is not False:
+        gang = _bool(group, "gangReleaseEnable", False)
+    ignore = get("ignoreK8sSuggestedNodes")
+    if ignore is None:
+        ignore = True
+    elif ignore is not True and ignore is not False:
+        ignore = _bool(group, "ignoreK8sSuggestedNodes", True)
+    return Request(name, vc, priority, pinned, leaf_type, tuple(members), lazy, gang, ignore, sugg)
 
 
 def request_from_record(rec: dict[str, Any]) -> Request:
