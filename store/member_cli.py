@@ -163,8 +163,8 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
             pass
         elif now > epoch:
             raise CLIError(f"the members changed meanwhile (epoch {now}: "
-                           f"{', '.join(m.partition('=')[0] for m in now_members)}); nothing was proposed: "
-                           "read them again and retry")
+                           f"{', '.join(m.partition('=')[0] for m in now_members)}), not to the list this change "
+                           "computed: read them again (cellar member list) and retry")
         elif isinstance(last, (OSError, TimeoutError, asyncio.TimeoutError, ConnectionError)):
             raise CLIError(f"no member answered the change ({type(last).__name__}: {last}); it may still take "
                            "effect once a majority is back (cellar member list)")
