@@ -16,7 +16,6 @@ from store.client import CellarClient
 from store.server import LocalCluster, free_ports
 from tests.runtime.test_membership_real import Joiner
 
-pytestmark = pytest.mark.xdist_group("loopback-hosts")
 
 STEP_S = 60.0
 
