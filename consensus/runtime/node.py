@@ -1008,18 +1008,17 @@ class Node:
         command, or why not."""
         if self.cfg.protocol != "sdpaxos":
             return f"InvalidRequest: {self.cfg.protocol} does not change membership (SDPaxos does)"
-        if len(op) not in (3, 4):
+        if len(op) != 4:  # the epoch is required: without it a retry could undo a newer change
             return "InvalidRequest: reconfig is [\"reconfig\", [NAME=HOST:PORT, ...], SEQUENCER, EPOCH]"
-        if len(op) == 4:
-            # The epoch the members were read at: a list computed from an older epoch
-            # must not close a newer one (it would undo the change in between).
-            if type(op[3]) is not int:
-                return "InvalidRequest: reconfig's EPOCH is the epoch the members were read at (a number)"
-            if op[3] < self.cfg.epoch:
-                return (f"InvalidRequest: stale: the members were read at epoch {op[3]}, and the cluster is at "
-                        f"epoch {self.cfg.epoch}; read them again")
-            if op[3] > self.cfg.epoch:
-                return f"busy: this member is at epoch {self.cfg.epoch}, behind epoch {op[3]}; ask another"
+        # The epoch the members were read at: a list computed from an older epoch must
+        # not close a newer one (it would undo the change in between).
+        if type(op[3]) is not int:
+            return "InvalidRequest: reconfig's EPOCH is the epoch the members were read at (a number)"
+        if op[3] < self.cfg.epoch:
+            return (f"InvalidRequest: stale: the members were read at epoch {op[3]}, and the cluster is at "
+                    f"epoch {self.cfg.epoch}; read them again")
+        if op[3] > self.cfg.epoch:
+            return f"busy: this member is at epoch {self.cfg.epoch}, behind epoch {op[3]}; ask another"
         try:
             members = membership.check_members(op[1])
         except membership.MembershipError as e:
