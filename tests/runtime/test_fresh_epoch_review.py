@@ -1,0 +1,140 @@
+"""Adversarial review (helper-60) of two runtime changes: an epoch's first start from
+the base (``fresh_epoch``, docs/membership.md "An epoch's first start is a cluster's
+first start") and TLS certificate ids per member (item 8). Each test names its finding.
+
+F1 (TLS identity): with TLS a member's name must be the number its certificate names,
+but ``"03"`` and ``"3"`` are distinct names with the same number, so one certificate
+(``node-3``) is accepted for two members: the holder of member 3's key can claim the
+other's index in the transport (two votes), and a joiner ``03`` runs on member 3's
+certificate. A name must be the canonical decimal of its id (at most 9 digits: the
+certificate's CN allows no more, so a longer name could never start).
+
+F2 (R7 residual, safety): ``serve --join`` checks its name against the members of the
+*first* ``--join`` endpoint that answers. A retired member (or a laggard of an older
+epoch) answers with the members it last knew, so a joiner under the name of a current
+member that lost its disk passes the check and runs as that member with an empty log
+(and, with ``fresh_epoch``, as a never-started replica: if it is the epoch's first
+sequencer it serves view 0 again from slot 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from consensus.runtime.node import Node, NodeConfig
+
+pytestmark = pytest.mark.xdist_group("loopback-hosts")
+
+
+def _members(*names: str) -> tuple:
+    return tuple(f"{n}=127.0.0.1:{20000 + 2 * i},127.0.0.1:{20001 + 2 * i}" for i, n in enumerate(names))
+
+
+def _reconfig(members: tuple, tls: bool = True):
+    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(protocol="sdpaxos", epoch=0, tls=tls))
+    return Node._reconfig_command(fake, ["reconfig", list(members), membership_name(members[0]), 0])
+
+
+def membership_name(m: str) -> str:
+    return m.partition("=")[0]
+
+
+# --- F1 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["03", "0003", "1234567890"])
+def test_with_tls_a_member_name_that_is_not_a_canonical_id_is_refused(name):
+    """F1: "03" next to "3" would share the certificate node-3; "1234567890" can never
+    be named by a certificate (node-<at most 9 digits>)."""
+    members = _members("0", "1", "3", name, "4")
+    answer = _reconfig(members)
+    assert type(answer) is str and "InvalidRequest" in answer and "TLS" in answer, answer
+    # Without TLS names are free.
+    assert type(_reconfig(members, tls=False)) is list
+
+
+def test_with_tls_no_two_members_take_the_same_certificate():
+    """F1: the transport is told which certificate id each index must present; two
+    indexes must never expect the same one (nor one that no certificate can name)."""
+    members = _members("0", "1", "3", "03", "4")
+    cfg = NodeConfig(node_id=0, peers={i: ("127.0.0.1", 20000 + 2 * i) for i in range(5)},
+                     client_address=("127.0.0.1", 20100), data_dir="/nonexistent", members=members, epoch=1)
+    ids = [cfg.cert_id(i) for i in range(5)]
+    named = [i for i in ids if i is not None]
+    assert len(named) == len(set(named)), ids
+    assert cfg.cert_id(3) is None  # "03": no certificate names it
+
+
+def test_canonical_ids_are_accepted():
+    assert type(_reconfig(_members("0", "1", "2", "10", "123456789"))) is list
+
+
+# --- F2 -------------------------------------------------------------------------------
+
+
+async def test_a_joiner_under_a_current_name_is_refused_also_when_a_retired_member_answers_first(tmp_path):
+    """F2 (safety; R7's check asked only the first endpoint that answered). Epoch 1
+    replaces member 2 by B (2 retires, and answers ``["epoch"]`` with epoch 1's members
+    for ever); epoch 2 adds A and C. A loses its disk and is brought back empty with
+    ``serve --join`` under its name and address, its ``--join`` endpoints the original
+    ones, 2's first: it must refuse (A is a member of epoch 2), not run as A."""
+    from store.server import LocalCluster
+    from tests.runtime.test_membership_real import Joiner
+    from tests.runtime.test_membership_review import cli, endpoints, wait_epoch
+
+    c = LocalCluster(str(tmp_path / "c"), 3)
+    made: list = []
+    try:
+        c.start_all()
+        await c.await_ready(timeout_s=30)
+        b = Joiner(tmp_path, "B", c.client_addresses)
+        made.append(b)
+        b.start()
+        await asyncio.sleep(0.5)
+        p = await asyncio.to_thread(cli, "member", "replace", "2", b.entry, "--endpoints",
+                                    endpoints(c.client_addresses), "--json")
+        assert p.returncode == 0, p.stderr[-800:]
+        live = c.client_addresses[:2] + [b.client]
+        assert (await wait_epoch(c.client_addresses[2], 1, 20.0)).get("retired") is True
+        new = [Joiner(tmp_path, n, live) for n in ("A", "C")]
+        made.extend(new)
+        for j in new:
+            j.start()
+        await asyncio.sleep(0.5)
+        p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints", endpoints(live),
+                                    "--json")
+        assert p.returncode == 0, p.stderr[-800:]
+        a = new[0]
+        assert (await wait_epoch(a.client, 2, 20.0)).get("epoch") == 2
+        a.stop()  # A's disk is lost
+        again = list(a.args)
+        again[again.index("--data-dir") + 1] = str(tmp_path / "join-A-empty")
+        again[again.index("--join") + 1] = endpoints([c.client_addresses[2]] + live)  # the original endpoints, 2 first
+        proc = subprocess.Popen(again, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            running = await wait_epoch(a.client, 2, 1.0) if proc.poll() is None else None
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        err = proc.stderr.read() if proc.stderr else ""
+        assert running is None, f"the empty A runs as member A of epoch 2: {running}"
+        assert proc.returncode != 0 and "already a member" in err, (proc.returncode, err[-600:])
+    finally:
+        for j in made:
+            j.stop()
+        c.stop_all()
