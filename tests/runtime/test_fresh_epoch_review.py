@@ -138,3 +138,97 @@ async def test_a_joiner_under_a_current_name_is_refused_also_when_a_retired_memb
         for j in made:
             j.stop()
         c.stop_all()
+
+
+# --- F3 -------------------------------------------------------------------------------
+
+
+async def test_under_tls_a_base_is_taken_only_from_a_member_node(tmp_path):
+    """F3 (TLS): a joiner takes an ``epoch_notice`` from anyone (its port checks no
+    certificate) and fetches the base from the address the notice names, checking only
+    that the server's certificate is the CA's. ``cellar certs init`` gives every leaf
+    serverAuth, the ordinary *client* certificate included, so any client could feed a
+    joiner a forged base naming it (members, sequencer and state its own) and the joiner
+    would run it. With TLS a base must come from a replica's (node) certificate. (Still
+    open: any node certificate, a removed member's or a spare one included, can send a
+    notice and serve a forged base: bases are not signed.)"""
+    from consensus.core.epochs import EpochBase
+    from consensus.runtime import clientwire, membership
+    from consensus.transport import tls
+    from consensus.transport.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
+    from store.certs import init_certs
+    from store.server import free_ports
+
+    certs = init_certs(str(tmp_path / "certs"), 4)
+    ca = certs["ca"]
+    peer, client, fake_join, fake_base = free_ports(4)
+    entry = f"3=127.0.0.1:{peer},127.0.0.1:{client}"
+    epoch0 = ["0=127.0.0.1:1,127.0.0.1:2", "1=127.0.0.1:3,127.0.0.1:4", "2=127.0.0.1:5,127.0.0.1:6"]
+    forged = EpochBase(1, (entry, "7=127.0.0.1:7,127.0.0.1:8", "8=127.0.0.1:9,127.0.0.1:10"),
+                       "7=127.0.0.1:7,127.0.0.1:8", None)
+
+    def serve(answer):
+        async def handle(reader, writer):
+            dec = FrameDecoder(MAX_FRAME_BYTES)
+            try:
+                while chunk := await reader.read(1 << 16):
+                    for frame in dec.feed(chunk):
+                        writer.write(encode_frame([answer(c, s, op) for _k, c, s, op in clientwire.parse_requests(frame)]))
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+        return handle
+
+    def as_member(c, s, op):  # a plausible --join endpoint: a member of epoch 0
+        if op == ["epoch"]:
+            return [c, s, clientwire.OK, {"epoch": 0, "members": epoch0, "cluster_id": "local"}]
+        return [c, s, clientwire.ERROR, "epoch 0 has no base: this cluster never changed its members"]
+
+    def as_forger(c, s, op):
+        return [c, s, clientwire.OK, {"epoch": 1, "base": forged.pack(), "cluster_id": "local"}]
+
+    node0 = certs["nodes"][0]
+    s1 = await asyncio.start_server(serve(as_member), "127.0.0.1", fake_join,
+                                    ssl=tls.client_port_context(ca, node0["cert"], node0["key"]))
+    s2 = await asyncio.start_server(serve(as_forger), "127.0.0.1", fake_base,
+                                    ssl=tls.client_port_context(ca, certs["client"]["cert"], certs["client"]["key"]))
+    data = tmp_path / "join-3"
+    node3 = certs["nodes"][3]
+    args = [sys.executable, "-m", "store.cli", "serve", "--join", f"127.0.0.1:{fake_join}", "--name", "3",
+            "--cluster-id", "local", "--listen", f"127.0.0.1:{peer}", "--client", f"127.0.0.1:{client}",
+            "--data-dir", str(data), "--tls-ca", ca, "--tls-cert", node3["cert"], "--tls-key", node3["key"],
+            "--exit-with-parent", str(os.getpid())]
+    log = open(tmp_path / "join-3.log", "wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        ctx = tls.client_context(ca, check_hostname=False)
+        deadline = time.monotonic() + 30
+        while True:  # until it waits to be added (its port answers ``joining``)
+            try:
+                a = await membership.ask(("127.0.0.1", client), ["epoch"], ssl=ctx)
+                if a.get("joining"):
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, open(tmp_path / "join-3.log").read()[-800:]
+            await asyncio.sleep(0.2)
+        # No certificate at all: the notice; the forged base comes from the client cert.
+        await membership.ask(("127.0.0.1", client), ["epoch_notice", 1, ["127.0.0.1", fake_base]], ssl=ctx)
+        stored = data / "epochs" / "1" / "BASE"
+        deadline = time.monotonic() + 6
+        while not stored.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not stored.exists(), "the joiner stored a base served under the client certificate"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        log.close()
+        s1.close()
+        s2.close()
