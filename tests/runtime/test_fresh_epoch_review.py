@@ -232,3 +232,95 @@ async def test_under_tls_a_base_is_taken_only_from_a_member_node(tmp_path):
         log.close()
         s1.close()
         s2.close()
+
+
+# --- checked and sound: only an epoch's first start in this data dir is fresh --------------
+
+
+async def test_only_the_first_start_of_an_epoch_dir_is_fresh(tmp_path):
+    """Sound (regression guard): a node moved into epoch 1 by this process starts its
+    replica fresh (the epoch's first sequencer serves view 0 at once, and it serves
+    writes); the same dir started again without the flag (a process restart), or with
+    the flag over a WAL that holds records (it ran), takes the snapshot path, where the
+    sequencer is ``stale`` and must win an election first."""
+    from consensus.core.epochs import EpochBase
+    from consensus.runtime import clientwire, membership
+    from store.server import epoch_config, free_ports, make_node
+
+    ports = free_ports(6)
+    members = tuple(f"{n}=127.0.0.1:{ports[i]},127.0.0.1:{ports[3 + i]}" for i, n in enumerate(("10", "11", "12")))
+    state = make_node(NodeConfig(node_id=0, peers={i: ("127.0.0.1", 1 + i) for i in range(3)},
+                                 client_address=("127.0.0.1", 9), data_dir=str(tmp_path / "seed"))).sm_factory()
+    from consensus.core.executor import Executor
+
+    base = EpochBase(1, members, members[0], Executor(state).snapshot())
+    nodes = []
+    for i, n in enumerate(("10", "11", "12")):
+        root = str(tmp_path / f"m{n}")
+        membership.EpochStore(root).store(base)
+        cfg = NodeConfig(node_id=i, peers={i: ("127.0.0.1", ports[i])}, client_address=("127.0.0.1", ports[3 + i]),
+                         data_dir=root)
+        cfg.extra["name"] = n
+        ecfg = epoch_config(cfg, base, n)
+        ecfg.extra["fresh_epoch"] = True
+        node = make_node(ecfg)
+        node.open()
+        nodes.append((cfg, node))
+    assert nodes[0][1].replica.phase == "normal" and nodes[0][1].replica.sequencer == 0
+    try:
+        for _cfg, node in nodes:
+            await node.start()
+        status, result = await asyncio.wait_for(nodes[1][1].submit(clientwire.CALL, "t", 1, ["put", "k", "v"]), 20)
+        assert status == clientwire.OK, result
+    finally:
+        for _cfg, node in nodes:
+            await node.stop()
+    cfg0 = nodes[0][0]
+    again = make_node(epoch_config(cfg0, base, "10"))  # a restart: no flag
+    again.open()
+    assert again.replica.phase == "stale"
+    again.wal.close()
+    flagged = epoch_config(cfg0, base, "10")
+    flagged.extra["fresh_epoch"] = True  # the flag over a dir that ran: its WAL has records
+    again = make_node(flagged)
+    again.open()
+    assert again.replica.phase == "stale"
+    again.wal.close()
+
+
+# --- F4 -------------------------------------------------------------------------------
+
+
+async def test_under_tls_a_removed_member_gives_its_base_only_to_a_replica_or_the_admin(tmp_path):
+    """F4 (TLS, confidentiality): a member's client port gives ``epoch_base`` (the whole
+    state) only to the admin or a replica's certificate (item 8), but a removed member's
+    port (``RetiredPort``) gave it to anyone, without a certificate. Status, ``epoch`` and
+    ``moved`` stay open (they carry no data)."""
+    from consensus.core.epochs import EpochBase
+    from consensus.runtime import membership
+    from consensus.transport import tls
+    from store.certs import init_certs
+    from store.server import free_ports
+
+    certs = init_certs(str(tmp_path / "certs"), 3)
+    ca, node0 = certs["ca"], certs["nodes"][0]
+    (port,) = free_ports(1)
+    members = ("1=127.0.0.1:1,127.0.0.1:2", "2=127.0.0.1:3,127.0.0.1:4", "3=127.0.0.1:5,127.0.0.1:6")
+    base = EpochBase(1, members, members[0], b"the whole state")
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: membership.RetiredPort(base, "0", 1, tls=True), "127.0.0.1", port,
+                                      ssl=tls.client_port_context(ca, node0["cert"], node0["key"]))
+    try:
+        anyone = tls.client_context(ca, check_hostname=False)
+        assert (await membership.ask(("127.0.0.1", port), ["epoch"], ssl=anyone))["retired"] is True
+        with pytest.raises(membership.MembershipError, match="denied|certificate"):
+            await membership.ask(("127.0.0.1", port), ["epoch_base"], ssl=anyone)
+        client = tls.client_context(ca, certs["client"]["cert"], certs["client"]["key"], check_hostname=False)
+        with pytest.raises(membership.MembershipError, match="denied|certificate"):
+            await membership.ask(("127.0.0.1", port), ["epoch_base"], ssl=client)
+        for who in (certs["admin"], certs["nodes"][1]):
+            ctx = tls.client_context(ca, who["cert"], who["key"], check_hostname=False)
+            got = await membership.ask(("127.0.0.1", port), ["epoch_base"], ssl=ctx)
+            assert EpochBase.unpack(got["base"]) == base
+    finally:
+        server.close()
