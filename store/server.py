@@ -483,8 +483,8 @@ async def _retire(cfg: NodeConfig, name: str, removed: Any, ready_file: str | No
 
         ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
     try:
-        server = await loop.create_server(lambda: membership.RetiredPort(removed, name, removed.epoch), host, port,
-                                          ssl=ssl)
+        server = await loop.create_server(lambda: membership.RetiredPort(removed, name, removed.epoch,
+                                                                         tls=ssl is not None), host, port, ssl=ssl)
     except OSError as e:
         raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
     sys.stderr.write(f"cellar serve: {name} was removed from the cluster at epoch {removed.epoch} (members now "

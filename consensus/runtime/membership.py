@@ -245,10 +245,11 @@ class EpochStore:
 class RetiredPort(asyncio.Protocol):
     """The client port of a removed member (module docstring)."""
 
-    def __init__(self, base: EpochBase, name: str, removed_at: int) -> None:
+    def __init__(self, base: EpochBase, name: str, removed_at: int, tls: bool = False) -> None:
         self.base = base
         self.name = name
         self.removed_at = removed_at
+        self.tls = tls  # the base (the whole state) only for the admin or a replica (review60 F4)
         self.decoder = FrameDecoder(MAX_FRAME_BYTES)
         self.transport: asyncio.Transport | None = None
 
@@ -277,6 +278,13 @@ class RetiredPort(asyncio.Protocol):
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch":
             return [client, seq, clientwire.OK, self.status()]
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_base":
+            if self.tls:
+                from consensus.transport import tls
+
+                cert = tls.peercert_of(self.transport)
+                if not (tls.is_admin(cert) or tls.node_id_of(cert) is not None):
+                    return [client, seq, clientwire.ERROR, clientwire.PERMISSION_DENIED + ": the base needs the admin "
+                            "or a replica's certificate"]
             return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "base": self.base.pack()}]
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
             return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "retired": True}]
