@@ -389,6 +389,10 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime, store: Any) -> Any:
     # is safe to take.
     seen = -1 if store.member() == name else None
     while seen is None and not life.stopping:
+        # Every endpoint, and the newest epoch any of them knows: a removed member (it
+        # answers with the members it was removed by) or a laggard knows older members,
+        # which may lack a name a later change added (review60 F2).
+        newest = None
         for addr in addrs:
             try:
                 a = await membership.ask(addr, ["epoch"], ssl=ssl)
@@ -401,14 +405,16 @@ async def _join(cfg: NodeConfig, name: str, life: _Lifetime, store: Any) -> Any:
             if a.get("cluster_id", cfg.cluster_id) != cfg.cluster_id:
                 raise NodeError(f"{addr[0]}:{addr[1]} serves cluster {a.get('cluster_id')!r}, not {cfg.cluster_id!r} "
                                 "(--cluster-id)")
-            if name in [membership.member_name(m) for m in a["members"] if type(m) is str]:
-                raise NodeError(f"{name} is already a member of epoch {a['epoch']}: a new member needs a name the "
-                                f"members do not have (if {name} lost its data dir, replace it: cellar member replace "
-                                f"{name} NEWNAME=HOST:PORT,CLIENTHOST:CLIENTPORT)")
-            seen = a["epoch"]
-            break
-        else:
+            if newest is None or a["epoch"] > newest["epoch"]:
+                newest = a
+        if newest is None:
             await asyncio.sleep(0.2)
+            continue
+        if name in [membership.member_name(m) for m in newest["members"] if type(m) is str]:
+            raise NodeError(f"{name} is already a member of epoch {newest['epoch']}: a new member needs a name the "
+                            f"members do not have (if {name} lost its data dir, replace it: cellar member replace "
+                            f"{name} NEWNAME=HOST:PORT,CLIENTHOST:CLIENTPORT)")
+        seen = newest["epoch"]
     if seen is None:
         return None
     store.record_member(name)
@@ -477,8 +483,8 @@ async def _retire(cfg: NodeConfig, name: str, removed: Any, ready_file: str | No
 
         ssl = tls.client_port_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
     try:
-        server = await loop.create_server(lambda: membership.RetiredPort(removed, name, removed.epoch), host, port,
-                                          ssl=ssl)
+        server = await loop.create_server(lambda: membership.RetiredPort(removed, name, removed.epoch,
+                                                                         tls=ssl is not None), host, port, ssl=ssl)
     except OSError as e:
         raise NodeError(f"cannot listen for clients on {host}:{port}: {e.strerror or e}") from None
     sys.stderr.write(f"cellar serve: {name} was removed from the cluster at epoch {removed.epoch} (members now "

@@ -100,7 +100,7 @@ class Member:
         return dataclasses.replace(self._cfg, n=len(base.members), initial_sequencer=base.members.index(base.sequencer),
                                    epoch=base.epoch, peer_order=())
 
-    def _start(self, base: EpochBase, records: list | None) -> None:
+    def _start(self, base: EpochBase, records: list | None, fresh: bool = False) -> None:
         self.base = base
         if self.name not in base.members or base.epoch < 0:
             self.inner = None
@@ -110,6 +110,14 @@ class Member:
         if base.state is not None:
             snapshot = ({"protocol": "sdpaxos", "n": cfg.n, "slot": 0, "exec_inst": [0] * cfg.n, "view": cfg.initial_view},
                         base.state)
+        if fresh and snapshot is not None and not records and base.epoch > 0:
+            # ``enter``: the epoch's first start in this process, as the runtime does it
+            # (Node.open's ``fresh_epoch``, docs/membership.md): a replica built fresh
+            # with the base state, whose first sequencer serves view 0 at once. A
+            # restart (the constructor) takes the snapshot path and its restart rules.
+            self.inner = self._new_replica(base.members.index(self.name), cfg, None, [])
+            self.inner.executor.restore(base.state)
+            return
         self.inner = self._new_replica(base.members.index(self.name), cfg, snapshot, records)
 
     # --- the epoch boundary -------------------------------------------------------------
@@ -129,7 +137,7 @@ class Member:
             return
         old, old_members, next_epoch = self.inner, self.members, base.epoch == self.epoch + 1
         owed = old.unfinished() if old is not None else []
-        self._start(base, records=None)
+        self._start(base, records=None, fresh=True)
         if next_epoch:
             # The newcomers know nobody: tell them (they fetch the base from us).
             for dst in base.members:

@@ -114,6 +114,16 @@ def member_name(member: str) -> str:
     return member.partition("=")[0]
 
 
+def tls_id(name: str) -> int | None:
+    """With TLS, the replica id a member name stands for (its certificate names
+    ``node-<id>``): the name must be that id's canonical decimal, at most 9 digits (a
+    certificate's CN allows no more). ``"03"`` is refused: next to ``"3"`` both would take
+    the certificate ``node-3``, and its holder could claim either index (review60 F1)."""
+    if not (name.isascii() and name.isdigit()) or len(name) > 9 or str(int(name)) != name:
+        return None
+    return int(name)
+
+
 def epoch_cluster_id(cluster_id: str, epoch: int) -> str:
     return cluster_id if epoch == 0 else f"{cluster_id}@e{epoch}"
 
@@ -235,10 +245,11 @@ class EpochStore:
 class RetiredPort(asyncio.Protocol):
     """The client port of a removed member (module docstring)."""
 
-    def __init__(self, base: EpochBase, name: str, removed_at: int) -> None:
+    def __init__(self, base: EpochBase, name: str, removed_at: int, tls: bool = False) -> None:
         self.base = base
         self.name = name
         self.removed_at = removed_at
+        self.tls = tls  # the base (the whole state) only for the admin or a replica (review60 F4)
         self.decoder = FrameDecoder(MAX_FRAME_BYTES)
         self.transport: asyncio.Transport | None = None
 
@@ -267,6 +278,13 @@ class RetiredPort(asyncio.Protocol):
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch":
             return [client, seq, clientwire.OK, self.status()]
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_base":
+            if self.tls:
+                from consensus.transport import tls
+
+                cert = tls.peercert_of(self.transport)
+                if not (tls.is_admin(cert) or tls.node_id_of(cert) is not None):
+                    return [client, seq, clientwire.ERROR, clientwire.PERMISSION_DENIED + ": the base needs the admin "
+                            "or a replica's certificate"]
             return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "base": self.base.pack()}]
         if kind == clientwire.ADMIN and type(op) is list and op and op[0] == "epoch_notice":
             return [client, seq, clientwire.OK, {"epoch": self.base.epoch, "retired": True}]
@@ -323,10 +341,14 @@ def moved_message(name: str, base: EpochBase) -> str:
             f"{', '.join(base.members)}")
 
 
-async def ask(addr: tuple[str, int], op: list, *, ssl: Any = None, timeout_s: float = 2.0) -> Any:
-    """One ADMIN request to a replica's client port; its result (raises on an error)."""
+async def ask(addr: tuple[str, int], op: list, *, ssl: Any = None, timeout_s: float = 2.0,
+              peer: list | None = None) -> Any:
+    """One ADMIN request to a replica's client port; its result (raises on an error).
+    With TLS, ``peer`` (a list) gets the server's verified certificate."""
     async with asyncio.timeout(timeout_s):
         reader, writer = await asyncio.open_connection(addr[0], addr[1], ssl=ssl)
+        if peer is not None:
+            peer.append(writer.get_extra_info("peercert"))
         try:
             writer.write(encode_frame([[clientwire.ADMIN, f"member-{os.getpid()}", 1, op]]))
             await writer.drain()
@@ -349,11 +371,24 @@ async def fetch_base(addr: tuple[str, int], *, ssl: Any = None, cluster_id: str 
     """The base of the epoch ``addr``'s replica is in (None: epoch 0 or unreachable).
     Raises ``MembershipError`` if that replica is of another cluster than ``cluster_id``."""
     try:
-        result = await ask(addr, ["epoch_base"], ssl=ssl)
+        peer: list = []
+        result = await ask(addr, ["epoch_base"], ssl=ssl, peer=peer)
         if cluster_id is not None and result.get("cluster_id", cluster_id) != cluster_id:
             raise MembershipError(f"{addr[0]}:{addr[1]} serves cluster {result.get('cluster_id')!r}, not {cluster_id!r} "
                                   f"(--cluster-id)")
-        return EpochBase.unpack(result["base"])
+        base = EpochBase.unpack(result["base"])
+        if ssl is not None:
+            # Any CA-signed certificate verifies (cellar certs init gives the client and
+            # admin ones serverAuth too), and a notice names any address: take a base
+            # only from a replica's certificate (review60 F3). Not only a member's of
+            # that base: a removed member serves the base that removed it.
+            from consensus.transport import tls
+
+            if tls.node_id_of(peer[0] if peer else None) is None:
+                log.warning("no base from %s:%d: its certificate (%s) is not a replica's", addr[0], addr[1],
+                            tls.describe(peer[0] if peer else None))
+                return None
+        return base
     except MembershipError as e:
         if "serves cluster" in str(e):
             raise

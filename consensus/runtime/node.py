@@ -220,9 +220,9 @@ class NodeConfig:
         number (``node-<name>``); in epoch 0 its id."""
         if not self.members:
             name = str(self.extra.get("name", "")) if index == self.node_id else ""
-            return int(name) if name.isdigit() else index
-        name = membership.member_name(self.members[index])
-        return int(name) if name.isdigit() else None
+            named = membership.tls_id(name)
+            return named if named is not None else index
+        return membership.tls_id(membership.member_name(self.members[index]))
 
     def validate(self) -> None:
         n = len(self.peers)
@@ -1024,10 +1024,11 @@ class Node:
         except membership.MembershipError as e:
             return f"InvalidRequest: {e}"
         if self.cfg.tls:
-            bad = [m for m in members if not membership.member_name(m).isdigit()]
+            bad = [m for m in members if membership.tls_id(membership.member_name(m)) is None]
             if bad:
                 return (f"InvalidRequest: with TLS a member's name is the replica id its certificate names "
-                        f"(node-<id>, cellar certs init): {bad[0]!r:.80}")
+                        f"(node-<id>, cellar certs init; a number of at most 9 digits, no leading zero): "
+                        f"{bad[0]!r:.80}")
         sequencer = op[2]
         if type(sequencer) is str and "=" not in sequencer:  # a name: its member entry
             sequencer = next((m for m in members if membership.member_name(m) == sequencer), sequencer)
