@@ -333,7 +333,9 @@ async def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int | str:
         recorded = store.member()
         removed = store.removed()
         base = store.current()
-    except (OSError, ValueError) as e:
+    except OSError as e:  # e.g. a file where the dir should be: as Node.open says it
+        raise NodeError(f"data dir {cfg.data_dir} is not writable: {e.strerror or e}") from None
+    except ValueError as e:
         raise NodeError(f"data dir {cfg.data_dir}: unreadable membership state: {e}") from None
     fresh = False
     if recorded is not None and recorded != name:
