@@ -242,7 +242,28 @@ class EpochStore:
                 shutil.rmtree(os.path.join(self.root, sub), ignore_errors=True)
 
 
-class RetiredPort(asyncio.Protocol):
+class _AnsweringPort(asyncio.Protocol):
+    """A client port that answers each request itself (``answer``), frame by frame."""
+
+    decoder: FrameDecoder
+    transport: asyncio.Transport | None
+
+    def answer(self, req: list) -> list:
+        raise NotImplementedError
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
+        except (ProtocolError, clientwire.BadRequest):
+            self.transport.abort()
+            return
+        if replies:
+            self.transport.write(encode_frame(replies))
+
+
+class RetiredPort(_AnsweringPort):
     """The client port of a removed member (module docstring)."""
 
     def __init__(self, base: EpochBase, name: str, removed_at: int, tls: bool = False) -> None:
@@ -255,17 +276,6 @@ class RetiredPort(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        assert self.transport is not None
-        try:
-            frames = self.decoder.feed(data)
-            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
-        except (ProtocolError, clientwire.BadRequest):
-            self.transport.abort()
-            return
-        if replies:
-            self.transport.write(encode_frame(replies))
 
     def status(self) -> dict:
         return {"retired": True, "name": self.name, "epoch": self.removed_at, "members": list(self.base.members),
@@ -291,7 +301,7 @@ class RetiredPort(asyncio.Protocol):
         return [client, seq, clientwire.ERROR, moved_message(self.name, self.base)]
 
 
-class JoiningPort(asyncio.Protocol):
+class JoiningPort(_AnsweringPort):
     """The client port of a new member waiting to be added (``serve --join``): it
     answers status and ``["epoch"]`` with ``joining`` (its entry and cluster id, which
     ``cellar member add`` checks before it proposes anything) and sends everything
@@ -311,17 +321,6 @@ class JoiningPort(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.discard(self.transport)
-
-    def data_received(self, data: bytes) -> None:
-        assert self.transport is not None
-        try:
-            frames = self.decoder.feed(data)
-            replies = [self.answer(req) for frame in frames for req in clientwire.parse_requests(frame)]
-        except (ProtocolError, clientwire.BadRequest):
-            self.transport.abort()
-            return
-        if replies:
-            self.transport.write(encode_frame(replies))
 
     def answer(self, req: list) -> list:
         kind, client, seq, op = req
