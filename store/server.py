@@ -61,10 +61,12 @@ import gc
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from typing import Any
@@ -994,7 +996,16 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
 
     changes = UpMembers(cluster, tls_dir) if protocol == "sdpaxos" else None
     stdin_open = changes is not None and not sys.stdin.closed
+    typed: queue.Queue = queue.Queue()
     if stdin_open:
+        # Lines typed are read by a thread (select() on sys.stdin misses lines already in
+        # its buffer when several arrive at once); None marks the end of input.
+        def read_stdin() -> None:
+            for line in iter(sys.stdin.readline, ""):
+                typed.put(line)
+            typed.put(None)
+
+        threading.Thread(target=read_stdin, name="cellar-up-stdin", daemon=True).start()
         click.echo(f"Change the members live: type {COMMANDS} (docs/operations.md, \"Members\").")
     click.echo("Ctrl-C (or SIGTERM) stops every node.")
 
@@ -1017,18 +1028,17 @@ def up(replicas, root, base_port, protocol, fsync, tls) -> None:
                     code = cluster.procs[i].returncode
                     click.echo(f"node {i} exited with status {code}: {cluster.log_tail(i, 1)}", err=True)
             if stdin_open:
-                import select
-
-                ready, _, _ = select.select([sys.stdin], [], [], 0.2)
-                if ready:
-                    line = sys.stdin.readline()
-                    if not line:
-                        stdin_open = False  # end of input: keep serving until Ctrl-C
-                    else:
-                        try:
-                            changes.run(line)  # type: ignore[union-attr]
-                        except (click.ClickException, OSError, subprocess.SubprocessError) as e:
-                            click.echo(f"  {e}", err=True)
+                try:
+                    line = typed.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    stdin_open = False  # end of input: keep serving until Ctrl-C
+                else:
+                    try:
+                        changes.run(line)  # type: ignore[union-attr]
+                    except (click.ClickException, OSError, subprocess.SubprocessError) as e:
+                        click.echo(f"  {e}", err=True)
             else:
                 time.sleep(0.2)
         click.echo("cellar up: every node exited", err=True)

@@ -172,19 +172,30 @@ def test_sigkill_of_cellar_up_does_not_orphan_its_replicas(tmp_path):
 
 async def test_up_grows_and_shrinks_its_cluster_live_from_stdin(tmp_path):
     """Issue 13: ``cellar up`` adds and removes members while it serves (stdin commands)."""
-    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--replicas", "3", "--dir", str(tmp_path)],
+    base = random.Random().randrange(10000, 32000)  # not the default 7000: other runs may hold it
+    proc = subprocess.Popen([sys.executable, "-m", "store.cli", "up", "--replicas", "3", "--dir", str(tmp_path),
+                             "--base-port", str(base)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # A thread reads the lines: select() on the pipe misses lines already in the text
+    # reader's buffer (the next "Ctrl-C" line sat there once, and the wait timed out).
+    import queue
+    import threading
+
+    out: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line) for line in iter(proc.stdout.readline, "")] and None,
+                     daemon=True).start()
 
     def until(marker: str) -> str:
         lines = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if not ready:
+            try:
+                line = out.get(timeout=1.0)
+            except queue.Empty:
+                if proc.poll() is not None:
+                    break
                 continue
-            line = proc.stdout.readline()
-            if not line:
-                break
             lines.append(line)
             if marker in line:
                 return "".join(lines)
