@@ -518,7 +518,6 @@ class Node:
         # everything before it durable and answered); the driver's callbacks.
         self.epoch_ended: EpochBase | None = None
         self._end_pending: tuple | None = None
-        self._end_check: asyncio.TimerHandle | None = None
         self.on_epoch_end: Callable[[EpochBase], None] | None = None
         self.on_epoch_notice: Callable[[int, tuple], None] | None = None
         self._snap_slot = 0
@@ -744,8 +743,6 @@ class Node:
         try:
             if self._stall_tracer is not None:
                 self._stall_tracer.stop()
-            if self._end_check is not None:
-                self._end_check.cancel()
             if self._tick_handle is not None:
                 self._tick_handle.cancel()
             if self._client_server is not None:
@@ -1334,6 +1331,8 @@ class Node:
                 self._release(batch)
             if not self._down and self.wal.last_seq > self.wal.durable_seq:
                 self._await_durable(self.wal.last_seq)  # what was appended since: wait again
+            elif self._end_pending is not None and not self._outbox:
+                self._close_epoch()  # END executed, and now every answer before it is out
         except Exception as e:  # the committer would only log it: stop instead
             self._fail(f"internal error releasing output: {_describe(e)}", e)
 
@@ -1589,12 +1588,10 @@ class Node:
         the next epoch's base is ours (the same at every member) and the driver
         (``on_epoch_end``) moves this process to it. Commands still waiting were not
         executed in this epoch: their clients retry, in the next one."""
-        self._end_check = None
         if self._down or self.epoch_ended is not None:
             return
         if self._outbox or self.wal.last_seq > self.wal.durable_seq:
-            self._end_check = asyncio.get_running_loop().call_later(0.002, self._close_epoch)
-            return
+            return  # _on_durable calls again once the outbox is released
         _slot, (epoch, members, sequencer) = self._end_pending  # type: ignore[misc]
         base = EpochBase(epoch + 1, tuple(members), sequencer, self.replica.executor.base_state())
         self.epoch_ended = base
