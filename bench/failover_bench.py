@@ -139,7 +139,8 @@ async def one_run(protocol: str, *, replicas: int, sessions: int, seconds: float
             if e:
                 elected = e["orderer"]
         res.update({
-            "protocol": protocol, "killed": victim, "killed_pid": events["victim_pid"], "elected": elected,
+            "protocol": protocol, "orderer_at_start": orderer, "killed": victim, "killed_pid": events["victim_pid"],
+            "elected": elected,
             "clients_at": sorted(groups), "view_change_s": new_view,
             "view_change_s_max": max((v for v in new_view.values() if v is not None), default=None),
             "recovered": all(v is not None for v in res["first_ack_s"].values()) and bool(res["first_ack_s"]),

@@ -128,9 +128,15 @@ def test_failover_smoke(tmp_path):
     assert result["all_recovered"] is True
     for p in ("sdpaxos", "multipaxos"):
         (m,) = result["runs"][p]
-        assert m["killed"] == 0 and m["killed_pid"] and m["clients_at"] == [1, 2]
-        assert m["elected"] in (1, 2), m
-        assert set(m["first_ack_s"]) == {"1", "2"} and all(v is not None and v > 0 for v in m["first_ack_s"].values())
+        # The clients avoid the orderer of the start; the kill takes whoever orders at the
+        # kill, which a view change under the suite's load may have moved to a client's
+        # replica (whose clients then leave the figures).
+        assert m["killed_pid"] and m["killed"] in (0, 1, 2), m
+        clients = sorted({0, 1, 2} - {m["orderer_at_start"], m["killed"]})
+        assert clients and m["clients_at"] == clients, m
+        assert m["elected"] in {0, 1, 2} - {m["killed"]}, m
+        assert set(m["first_ack_s"]) == {str(i) for i in clients}
+        assert all(v is not None and v > 0 for v in m["first_ack_s"].values())
         assert all(v is not None for v in m["view_change_s"].values()), m["view_change_s"]
         assert m["before_per_s"] > 0 and m["after_per_s"] > 0
         # The kill comes after the asked 0.8 s (uvloop's timers have millisecond
