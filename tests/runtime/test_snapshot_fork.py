@@ -136,6 +136,47 @@ async def test_a_stopping_node_ends_its_snapshot_child(tmp_path):
             await nd.stop()
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-123 nice 19"
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None  # no autogroups here
+
+
+async def test_replicas_snapshot_a_phase_apart(tmp_path):
+    """Replica i's snapshots are due at k * every + i * every / n: never all at once
+    (a write that met every replica's snapshot pause waited for them in turn)."""
+    nodes = _nodes(tmp_path, snapshot_every=5000)
+    assert [nd._next_snapshot_slot(5000) for nd in nodes] == [5000, 6666, 8333]
+    for nd, last in zip(nodes, (5003, 6670, 8333)):
+        nd._snap_slot = last
+    assert [nd._next_snapshot_slot(5000) for nd in nodes] == [10000, 11666, 13333]
+    nodes[1]._snap_slot = 23000  # a peer's snapshot installed: the phase holds
+    assert nodes[1]._next_snapshot_slot(5000) == 26666
+    for nd in nodes:
+        await nd.stop()
+
+
+async def test_the_replicas_snapshots_are_staggered(tmp_path):
+    every = 30
+    nodes = _nodes(tmp_path, snapshot_every=every)
+    for nd in nodes:
+        await nd.start()
+    try:
+        for i in range(3 * every):
+            await _put(nodes[i % 3], i + 1, f"k{i % 7}", f"v{i}")
+        await _until(lambda: all(nd.stats["snapshots_taken"] >= 1 for nd in nodes), "a snapshot at every replica")
+        for nd in nodes:
+            slot = nd.status()["snapshot_slot"]
+            phase = nd.cfg.node_id * every // 3
+            # Taken at the first due slot it executed at or after k * every + phase.
+            assert slot >= every + phase and (slot - phase) % every < every // 3, (nd.cfg.node_id, slot)
+    finally:
+        for nd in nodes:
+            await nd.stop()
+
+
 async def test_the_snapshot_child_runs_on_idle_cpu_then_is_promoted(tmp_path, monkeypatch):
     """The child shares its replica's scheduling group: it runs in the idle class (the
     loop preempts it at once), and one that has not finished after SNAPSHOT_IDLE_S
@@ -166,8 +207,14 @@ async def test_the_snapshot_child_runs_on_idle_cpu_then_is_promoted(tmp_path, mo
         child = node._snap_child
         await _until(lambda: os.sched_getscheduler(child) == os.SCHED_IDLE
                      or node.stats["snapshot_child_promoted"], "the child in the idle class")
+        if os.sched_getscheduler(child) == os.SCHED_IDLE:  # set last: the steps before it are done
+            # Its own session, so (on Linux) its own autogroup, at nice 19: its CPU time is
+            # not its replica's group's.
+            assert os.getsid(child) == child != os.getsid(0)
+            assert _autogroup_nice(child) in (None, 19)
         await _until(lambda: node.stats["snapshot_child_promoted"] == 1, "the promotion")
         assert os.sched_getscheduler(child) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, child) == 10
+        assert _autogroup_nice(child) in (None, 10)
         gate.touch()
         await _until(lambda: node.stats["snapshots_taken"] == 1, "the snapshot stored")
         assert node._snap_promote is None and node.failure is None
