@@ -13,13 +13,16 @@ matters is the ratio, measured side by side. Nothing here asserts a time.
     cellar bench --machine scheduler               # the replicated HiveD scheduler (bench/scheduler_bench.py)
     cellar bench --tls                             # SDPaxos plaintext vs TLS, side by side, and their ratio
     cellar bench --early-send                      # SDPaxos without and with early send (docs/early-send.md)
+    cellar bench --fsync-thread                    # each turn's fsync in a thread (the old path) vs inline
 
 With ``--tls`` the pair compared is not two protocols but one (``--protocol``,
 default sdpaxos) in plaintext and with TLS on every connection (peers mutually
 authenticated, clients over TLS; certificates from ``cellar certs init`` in a
 temporary folder), alternating order from round to round like the protocols. With
 ``--early-send`` the pair is SDPaxos with the command leader's early send off (every
-accept waits for the leader's own fsync, the path before it) and on.
+accept waits for the leader's own fsync, the path before it) and on. With
+``--fsync-thread`` it is one protocol with each loop turn's fsync in a worker thread
+(the path before 2026-11-27) and on the loop (the default).
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
 
 TLS_VARIANTS = ("plaintext", "tls")
 EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it), on
+FSYNC_VARIANTS = ("thread", "inline")  # --fsync-thread: the old path, the default
 
 
 async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
@@ -265,14 +269,18 @@ def _print_summary(result: dict) -> None:
               help="The protocol of --tls.")
 @click.option("--early-send", "early", is_flag=True,
               help="kv only: compare SDPaxos with the command leader's early send off and on (alternating rounds).")
+@click.option("--fsync-thread", "fsync_thread", is_flag=True,
+              help="kv only: compare each loop turn's fsync in a worker thread (the old path) with the "
+                   "default, on the loop (same protocol, alternating rounds).")
 def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
-          seed, quiet, as_json, plot_path, tls, protocol, early) -> None:
+          seed, quiet, as_json, plot_path, tls, protocol, early, fsync_thread) -> None:
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
     if machine == "scheduler":
-        if tls or early:
-            raise click.BadParameter("--tls and --early-send measure the kv machine", param_hint="--tls/--early-send")
+        if tls or early or fsync_thread:
+            raise click.BadParameter("--tls, --early-send and --fsync-thread measure the kv machine",
+                                     param_hint="--tls/--early-send/--fsync-thread")
         from bench import scheduler_bench
 
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -294,14 +302,21 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
-    if tls and early:
-        raise click.BadParameter("one comparison at a time: --tls or --early-send", param_hint="--early-send")
-    if tls or early:
+    if tls + early + fsync_thread > 1:
+        raise click.BadParameter("one comparison at a time: --tls, --early-send or --fsync-thread",
+                                 param_hint="--early-send")
+    if fsync_thread and fsync != "batch":
+        raise click.BadParameter("--fsync-thread compares where fsync=batch's fsync runs", param_hint="--fsync")
+    if tls or early or fsync_thread:
         if plot_path:
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
         if early and protocol != "sdpaxos":
             raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
-        if early:
+        if fsync_thread:
+            result = asyncio.run(run_pair_bench(
+                FSYNC_VARIANTS, lambda v: {"extra_args": ["--fsync-thread" if v == "thread" else "--fsync-inline"]},
+                protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))
+        elif early:
             result = asyncio.run(run_pair_bench(
                 EARLY_VARIANTS, lambda v: {"extra_args": ["--early-send" if v == "early" else "--no-early-send"]},
                 protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))

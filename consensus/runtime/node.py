@@ -156,6 +156,9 @@ class NodeConfig:
     # The command leader's accepts leave before its own record is durable
     # (ProtocolConfig.early_send, docs/early-send.md).
     early_send: bool = True
+    # fsync=batch: the turn's fsync in a worker thread (the path before 2026-11-27)
+    # rather than on the loop at the end of the turn (docs/runtime.md, "Durability").
+    fsync_thread: bool = False
     election_ms: float = 500.0
     lease_ms: float = 500.0
     batch_max: int = 2048
@@ -692,7 +695,7 @@ class Node:
             self.open()
         cfg = self.cfg
         loop = asyncio.get_running_loop()
-        self.committer = GroupCommitter(self.wal)
+        self.committer = GroupCommitter(self.wal, inline=not cfg.fsync_thread)
         # Frames that waited longer than two election timeouts for a connection have been
         # superseded by retransmissions: not replayed (tcp module docstring).
         ssl_peers: dict[str, Any] = {}

@@ -51,3 +51,39 @@ def test_bench_early_send_usage_errors_are_one_line(args, message):
     p = cellar("bench", *args, timeout=60)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
+
+
+def test_fsync_inline_by_default_thread_by_flag_or_setting(tmp_path):
+    """fsync=batch runs each loop turn's fsync on the loop (GroupCommitter inline);
+    ``--fsync-thread`` or ``fsync_thread = true`` keeps the worker thread, the path
+    before it, for comparisons (``cellar bench --fsync-thread``)."""
+    base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
+    assert build_config(None, dict(base)).fsync_thread is False
+    assert build_config(None, {**base, "fsync_thread": True}).fsync_thread is True
+    toml = tmp_path / "node.toml"
+    toml.write_text("fsync_thread = 1\n")
+    with pytest.raises(NodeError, match="fsync_thread = 1 is not true or false"):
+        build_config(str(toml), dict(base))
+    toml.write_text("fsync_thread = true\n")
+    assert build_config(str(toml), dict(base)).fsync_thread is True
+
+
+def test_bench_compares_the_fsync_thread_with_inline():
+    p = cellar("bench", "--fsync-thread", "--rounds", "1", "--seconds", "0.5", "--warmup", "0", "--sessions", "8",
+               "--json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert set(result["median"]) == {"thread", "inline"}
+    assert all(result["median"][v]["writes_per_s"] > 0 for v in ("thread", "inline"))
+    assert result["throughput_ratio_inline_over_thread"] > 0 and result["cpu_per_write_ratio_inline_over_thread"] > 0
+    assert all(m["errors"] == 0 for ms in result["runs"].values() for m in ms)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--fsync-thread", "--early-send"], "one comparison at a time"),
+    (["--fsync-thread", "--fsync", "always"], "where fsync=batch's fsync runs"),
+    (["--fsync-thread", "--machine", "scheduler"], "measure the kv machine"),
+])
+def test_bench_fsync_thread_usage_errors_are_one_line(args, message):
+    p = cellar("bench", *args, timeout=60)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr

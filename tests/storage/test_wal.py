@@ -453,9 +453,10 @@ def test_recovery_after_crash_keeps_exactly_a_prefix_with_every_synced_record(op
 # --- GroupCommitter ------------------------------------------------------------------
 
 
-async def test_group_committer_concurrent_waiters_share_one_fsync(tmp_path):
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
+async def test_group_committer_concurrent_waiters_share_one_fsync(inline, tmp_path):
     wal, _ = WAL.open(tmp_path)
-    committer = GroupCommitter(wal)
+    committer = GroupCommitter(wal, inline=inline)
     base = wal.stats["fsyncs"]
 
     async def writer(p: bytes) -> int:
@@ -504,9 +505,10 @@ async def test_group_committer_appends_during_an_fsync_ride_the_next_one(tmp_pat
     wal.close()
 
 
-async def test_group_committer_request_sync_and_immediate_waiters(tmp_path):
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
+async def test_group_committer_request_sync_and_immediate_waiters(inline, tmp_path):
     wal, _ = WAL.open(tmp_path)
-    committer = GroupCommitter(wal)
+    committer = GroupCommitter(wal, inline=inline)
     seq = wal.append(b"a")
     committer.request_sync()
     async with asyncio.timeout(10):
@@ -518,9 +520,10 @@ async def test_group_committer_request_sync_and_immediate_waiters(tmp_path):
     wal.close()
 
 
-async def test_group_committer_bounds_its_waiters(tmp_path):
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
+async def test_group_committer_bounds_its_waiters(inline, tmp_path):
     wal, _ = WAL.open(tmp_path)
-    committer = GroupCommitter(wal, waiters_max=3)
+    committer = GroupCommitter(wal, waiters_max=3, inline=inline)
     for _ in range(3):
         committer.on_durable(wal.append(b"x"), lambda exc: None)
     with pytest.raises(CommitQueueFull):
@@ -531,9 +534,10 @@ async def test_group_committer_bounds_its_waiters(tmp_path):
     wal.close()
 
 
-async def test_group_committer_fsync_failure_reaches_every_waiter(tmp_path, monkeypatch):
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
+async def test_group_committer_fsync_failure_reaches_every_waiter(inline, tmp_path, monkeypatch):
     wal, _ = WAL.open(tmp_path)
-    committer = GroupCommitter(wal)
+    committer = GroupCommitter(wal, inline=inline)
 
     def boom(ticket):
         raise OSError(5, "EIO")
@@ -563,6 +567,35 @@ async def test_group_committer_never_and_always_modes(tmp_path):
         assert wal.stats["fsyncs"] - base == (0 if mode == "never" else 5)
         await committer.close()
         wal.close()
+
+
+async def test_an_inline_committer_syncs_on_the_loop_at_the_end_of_the_turn(tmp_path, monkeypatch):
+    """inline (what cellar serve uses): no thread; the turn's appends share one fsync,
+    run on the loop after the turn, and a waiter hears of it only after it returned."""
+    wal, _ = WAL.open(tmp_path)
+    committer = GroupCommitter(wal, inline=True)
+    assert committer._executor is None
+    base = wal.stats["fsyncs"]
+    real = wal.perform_sync
+    synced_on: list[str] = []
+
+    def sync(ticket):
+        synced_on.append(threading.current_thread().name)
+        real(ticket)
+
+    monkeypatch.setattr(wal, "perform_sync", sync)
+    heard: list[int] = []
+    seqs = [wal.append(p) for p in payloads(5)]
+    for seq in seqs:
+        committer.on_durable(seq, lambda exc, seq=seq: heard.append((seq, wal.durable_seq, len(synced_on))))
+    assert heard == [] and synced_on == []  # nothing before the turn ends
+    async with asyncio.timeout(10):
+        await committer.durable(seqs[-1])
+    assert synced_on == [threading.current_thread().name]
+    assert wal.stats["fsyncs"] == base + 1
+    assert heard == [(seq, 5, 1) for seq in seqs]
+    await committer.close()
+    wal.close()
 
 
 async def test_rotation_while_an_fsync_is_in_flight(tmp_path, monkeypatch):
