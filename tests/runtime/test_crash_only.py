@@ -113,8 +113,9 @@ async def test_propose_raising_stops_the_node_and_answers_nobody(tmp_path):
 
 async def test_output_waits_for_every_earlier_record_not_only_its_own(tmp_path):
     """A Ready without records (a lazy ack, a reply) still waits for the fsync of
-    records an earlier Ready appended: they may be what it vouches for."""
-    node = single_node(tmp_path, fsync="batch")
+    records an earlier Ready appended: they may be what it vouches for. (The fsync in
+    the committer's thread, where the test can hold it while later Readys run.)"""
+    node = single_node(tmp_path, fsync="batch", fsync_thread=True)
     await node.start()
     gate = threading.Event()
     wal = node.wal

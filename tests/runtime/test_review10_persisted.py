@@ -33,9 +33,11 @@ def _feed(node, src: int, msgs: list) -> None:
     node._on_peer_frames(src, [[ENVELOPE, [encode_message(m) for m in msgs]]])
 
 
-@pytest.mark.parametrize("fsync", ["batch", "always", "never"])
+@pytest.mark.parametrize("fsync", ["batch", "batch-inline", "always", "never"])
 async def test_a_replica_executes_on_its_own_accept_once_the_wal_says_it_is_durable(tmp_path, fsync):
-    node = single_node(tmp_path, n=3, node_id=1, fsync=fsync)
+    # "batch": the fsync in the committer's thread, where the test can hold it;
+    # "batch-inline" (the default) syncs on the loop, which a held fsync would block.
+    node = single_node(tmp_path, n=3, node_id=1, fsync=fsync.removesuffix("-inline"), fsync_thread=fsync == "batch")
     await node.start()
     wal, r = node.wal, node.replica
     gate = threading.Event()
