@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import gc
 import json
 import logging
@@ -86,6 +87,10 @@ PENDING_MAX = 200_000
 HELD_ENVELOPES_MAX = 10_000
 # A snapshot child runs in the idle scheduling class this long, then at nice 10.
 SNAPSHOT_IDLE_S = 5.0
+# An autogroup nice change refused for the kernel's rate limit (_set_autogroup_nice):
+# tried again this much later, this many times in all.
+AUTOGROUP_RETRY_S = 0.11
+AUTOGROUP_TRIES = 10
 
 # Old log entries freed per loop turn after a compaction (Node._release_later).
 RELEASE_SLICE = 256
@@ -285,19 +290,29 @@ def snapshot_child_priority() -> None:
         os.setsid()  # a session of its own: on Linux, an autogroup of its own
     except OSError:
         pass
-    _set_autogroup_nice("self", 19)
+    # An unprivileged process may change an autogroup's nice once per 100 ms system-wide
+    # (EAGAIN otherwise). Left at nice 0, this session's group would get a whole
+    # group's share beside its replica's (the idle class yields only inside a group):
+    # wait for the window instead (the snapshot starts that much later).
+    for _ in range(AUTOGROUP_TRIES):
+        if _set_autogroup_nice("self", 19):
+            break
+        time.sleep(AUTOGROUP_RETRY_S)
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux: the lowest nice instead
         os.nice(19)
 
 
-def _set_autogroup_nice(pid: str, nice: int) -> None:
+def _set_autogroup_nice(pid: str, nice: int) -> bool:
+    """False only if the kernel said to try again (EAGAIN: its rate limit on autogroup
+    nice changes without CAP_SYS_ADMIN, one per 100 ms across the machine)."""
     try:
         with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:  # no autogroups (not Linux, or a cgroup-managed service)
-        pass
+    except OSError as e:  # no autogroups (not Linux, or a cgroup-managed service), or EAGAIN
+        return e.errno != errno.EAGAIN
+    return True
 
 
 def _exit_code(pid: int) -> int:
@@ -1499,10 +1514,17 @@ class Node:
                 os.setpriority(os.PRIO_PROCESS, pid, 10)
             except (AttributeError, OSError):
                 return
-            _set_autogroup_nice(str(pid), 10)
+            self._promote_autogroup(pid, AUTOGROUP_TRIES)
             self.stats["snapshot_child_promoted"] += 1
             log.info("node %d: the snapshot child had no idle CPU for %.0f s; running it at nice 10",
                      self.cfg.node_id, SNAPSHOT_IDLE_S)
+
+    def _promote_autogroup(self, pid: int, tries: int) -> None:
+        """The child's own autogroup to nice 10, again a little later while the kernel's
+        rate limit refuses it (at 19, the promotion would not lift the child at all)."""
+        if self._snap_child == pid and not _set_autogroup_nice(str(pid), 10) and tries > 1:
+            self._snap_promote = asyncio.get_running_loop().call_later(
+                AUTOGROUP_RETRY_S, self._promote_autogroup, pid, tries - 1)
 
     async def _save_forked_snapshot(self, pid: int, tmp: str, directory: str) -> None:
         loop = asyncio.get_running_loop()
