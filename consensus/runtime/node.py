@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import random
+import signal
 import time
 import traceback
 from collections import deque
@@ -87,6 +88,12 @@ PENDING_MAX = 200_000
 HELD_ENVELOPES_MAX = 10_000
 # A snapshot child runs in the idle scheduling class this long, then at nice 10.
 SNAPSHOT_IDLE_S = 5.0
+try:  # prctl (Linux), for the snapshot child (snapshot_child_priority)
+    import ctypes
+
+    _LIBC: Any = ctypes.CDLL(None, use_errno=True)
+except (ImportError, OSError):
+    _LIBC = None
 # An autogroup nice change refused for the kernel's rate limit (_set_autogroup_nice):
 # tried again this much later, this many times in all.
 AUTOGROUP_RETRY_S = 0.11
@@ -275,7 +282,7 @@ class NodeConfig:
                 raise NodeError(str(e)) from None
 
 
-def snapshot_child_priority() -> None:
+def snapshot_child_priority(parent: int | None = None) -> None:
     """In the snapshot child: run only on CPU no one else wants. A replica and its child
     share one scheduling group (a session's autogroup, a service's cgroup), so a child
     at nice 10 still spends the group's share: a busy machine then left the replica's
@@ -285,7 +292,16 @@ def snapshot_child_priority() -> None:
     so the group (the replica) then waits behind the other groups: the child therefore
     leaves the replica's session (``setsid``: on Linux a new autogroup) and lowers that
     group to nice 19. ``Node._promote_snapshot_child`` lifts it if the machine never
-    idles. Under a service's cgroup the autogroup steps do nothing."""
+    idles. Under a service's cgroup the autogroup steps do nothing.
+
+    ``parent`` (the replica's pid): the child dies with it (Linux). It holds the
+    replica's open files (the WAL's flock, the listening sockets), and orphaned in a
+    session of its own at nice 19, never promoted, it kept them from a restarted
+    replica for as long as it took to finish."""
+    if parent is not None:
+        prctl = getattr(_LIBC, "prctl", None)
+        if prctl is not None and prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0 and os.getppid() != parent:
+            os._exit(1)  # PR_SET_PDEATHSIG came too late: the replica is gone already
     try:
         os.setsid()  # a session of its own: on Linux, an autogroup of its own
     except OSError:
@@ -1472,12 +1488,13 @@ class Node:
             # the headers of shared objects, copying their pages (copy-on-write).
             gc.freeze()
         self._stall_note("fork")
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
             try:
                 gc.disable()  # a collection would touch (copy) every page of the parent's heap
-                snapshot_child_priority()
+                snapshot_child_priority(parent)
                 taken = replica.take_snapshot()
                 if taken is None:
                     code = 3

@@ -123,3 +123,52 @@ async def test_a_waiter_made_durable_by_a_rotation_is_released(inline, tmp_path)
     assert heard == [None]
     await committer.close()
     wal.close()
+
+
+CHILD_OF_A_KILLED_REPLICA = r"""
+import os, sys, time
+import consensus.runtime.node as node_mod
+parent = os.getpid()
+pid = os.fork()
+if pid == 0:  # the snapshot child, as _fork_snapshot starts it
+    try:
+        try:
+            node_mod.snapshot_child_priority(parent)
+        except TypeError:  # before review 61
+            node_mod.snapshot_child_priority()
+        time.sleep(5)  # encoding a large state
+    finally:
+        os._exit(0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(pid))
+os.kill(parent, 9)  # the replica is killed (kill -9, the OOM killer)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux")
+def test_the_snapshot_child_does_not_outlive_a_killed_replica(tmp_path):
+    """The child shares its replica's open files: the WAL's flock, the listening peer
+    and client sockets. Orphaned, it kept them (a restarted replica: "WAL directory
+    ... is locked", or its port in use) for as long as it ran, in its own session
+    now (no hangup from the terminal) and at nice 19 in the idle class, never
+    promoted: on a busy machine, indefinitely. It dies with its replica."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "child"
+    subprocess.run([sys.executable, "-c", CHILD_OF_A_KILLED_REPLICA, str(out)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=30, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = int(out.read_text())
+    deadline = time.monotonic() + 2
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(child)
