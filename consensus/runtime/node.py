@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import gc
 import json
 import logging
 import os
 import random
+import signal
 import time
 import traceback
 from collections import deque
@@ -86,6 +88,16 @@ PENDING_MAX = 200_000
 HELD_ENVELOPES_MAX = 10_000
 # A snapshot child runs in the idle scheduling class this long, then at nice 10.
 SNAPSHOT_IDLE_S = 5.0
+try:  # prctl (Linux), for the snapshot child (snapshot_child_priority)
+    import ctypes
+
+    _LIBC: Any = ctypes.CDLL(None, use_errno=True)
+except (ImportError, OSError):
+    _LIBC = None
+# An autogroup nice change refused for the kernel's rate limit (_set_autogroup_nice):
+# tried again this much later, this many times in all.
+AUTOGROUP_RETRY_S = 0.11
+AUTOGROUP_TRIES = 10
 
 # Old log entries freed per loop turn after a compaction (Node._release_later).
 RELEASE_SLICE = 256
@@ -270,7 +282,7 @@ class NodeConfig:
                 raise NodeError(str(e)) from None
 
 
-def snapshot_child_priority() -> None:
+def snapshot_child_priority(parent: int | None = None) -> None:
     """In the snapshot child: run only on CPU no one else wants. A replica and its child
     share one scheduling group (a session's autogroup, a service's cgroup), so a child
     at nice 10 still spends the group's share: a busy machine then left the replica's
@@ -280,24 +292,43 @@ def snapshot_child_priority() -> None:
     so the group (the replica) then waits behind the other groups: the child therefore
     leaves the replica's session (``setsid``: on Linux a new autogroup) and lowers that
     group to nice 19. ``Node._promote_snapshot_child`` lifts it if the machine never
-    idles. Under a service's cgroup the autogroup steps do nothing."""
+    idles. Under a service's cgroup the autogroup steps do nothing.
+
+    ``parent`` (the replica's pid): the child dies with it (Linux). It holds the
+    replica's open files (the WAL's flock, the listening sockets), and orphaned in a
+    session of its own at nice 19, never promoted, it kept them from a restarted
+    replica for as long as it took to finish."""
+    if parent is not None:
+        prctl = getattr(_LIBC, "prctl", None)
+        if prctl is not None and prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0 and os.getppid() != parent:
+            os._exit(1)  # PR_SET_PDEATHSIG came too late: the replica is gone already
     try:
         os.setsid()  # a session of its own: on Linux, an autogroup of its own
     except OSError:
         pass
-    _set_autogroup_nice("self", 19)
+    # An unprivileged process may change an autogroup's nice once per 100 ms system-wide
+    # (EAGAIN otherwise). Left at nice 0, this session's group would get a whole
+    # group's share beside its replica's (the idle class yields only inside a group):
+    # wait for the window instead (the snapshot starts that much later).
+    for _ in range(AUTOGROUP_TRIES):
+        if _set_autogroup_nice("self", 19):
+            break
+        time.sleep(AUTOGROUP_RETRY_S)
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux: the lowest nice instead
         os.nice(19)
 
 
-def _set_autogroup_nice(pid: str, nice: int) -> None:
+def _set_autogroup_nice(pid: str, nice: int) -> bool:
+    """False only if the kernel said to try again (EAGAIN: its rate limit on autogroup
+    nice changes without CAP_SYS_ADMIN, one per 100 ms across the machine)."""
     try:
         with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:  # no autogroups (not Linux, or a cgroup-managed service)
-        pass
+    except OSError as e:  # no autogroups (not Linux, or a cgroup-managed service), or EAGAIN
+        return e.errno != errno.EAGAIN
+    return True
 
 
 def _exit_code(pid: int) -> int:
@@ -1457,12 +1488,13 @@ class Node:
             # the headers of shared objects, copying their pages (copy-on-write).
             gc.freeze()
         self._stall_note("fork")
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
             try:
                 gc.disable()  # a collection would touch (copy) every page of the parent's heap
-                snapshot_child_priority()
+                snapshot_child_priority(parent)
                 taken = replica.take_snapshot()
                 if taken is None:
                     code = 3
@@ -1499,10 +1531,17 @@ class Node:
                 os.setpriority(os.PRIO_PROCESS, pid, 10)
             except (AttributeError, OSError):
                 return
-            _set_autogroup_nice(str(pid), 10)
+            self._promote_autogroup(pid, AUTOGROUP_TRIES)
             self.stats["snapshot_child_promoted"] += 1
             log.info("node %d: the snapshot child had no idle CPU for %.0f s; running it at nice 10",
                      self.cfg.node_id, SNAPSHOT_IDLE_S)
+
+    def _promote_autogroup(self, pid: int, tries: int) -> None:
+        """The child's own autogroup to nice 10, again a little later while the kernel's
+        rate limit refuses it (at 19, the promotion would not lift the child at all)."""
+        if self._snap_child == pid and not _set_autogroup_nice(str(pid), 10) and tries > 1:
+            self._snap_promote = asyncio.get_running_loop().call_later(
+                AUTOGROUP_RETRY_S, self._promote_autogroup, pid, tries - 1)
 
     async def _save_forked_snapshot(self, pid: int, tmp: str, directory: str) -> None:
         loop = asyncio.get_running_loop()

@@ -1113,9 +1113,12 @@ class GroupCommitter:
 
     def _start_sync(self) -> None:
         self._kick_scheduled = False
-        if self._in_flight is not None or self._failed is not None:
+        if self._in_flight is not None or self._failed is not None or self._closed:
             return
         if self._wanted_seq() <= self._wal.durable_seq:
+            # Nothing to sync, but a rotation's fsync may have covered waiters since
+            # they registered: theirs is the only call that would tell them.
+            self._release(None)
             return
         try:
             if self._wal.mode != "batch" or self._inline:
@@ -1171,12 +1174,17 @@ class GroupCommitter:
         async with asyncio.timeout(timeout_s):
             if self._in_flight is not None:
                 await asyncio.wait([self._in_flight])
-            # Bounded: each pass either completes a sync or fails the committer.
+            # Each pass completes a sync or fails the committer; bounded by the timeout
+            # (a released callback may append and wait again).
             while self._waiters and self._failed is None:
+                synced = self._wal.durable_seq
                 self._start_sync()
-                if self._in_flight is None:
+                if self._in_flight is not None:
+                    await asyncio.wait([self._in_flight])
+                elif self._wal.durable_seq == synced:
                     break
-                await asyncio.wait([self._in_flight])
+                else:  # synced here (inline, always, never): a released callback may wait again
+                    await asyncio.sleep(0)
         self._closed = True
         self._release(WALError("committer closed"))
         if self._executor is not None:
