@@ -46,11 +46,13 @@ def test_bench_compares_early_send_off_and_on():
     (["--early-send", "--tls"], "one comparison at a time"),
     (["--early-send", "--protocol", "multipaxos"], "early send is SDPaxos's"),
     (["--early-send", "--machine", "scheduler"], "measure the kv machine"),
+    (["--fsync-thread", "--early-send"], "one comparison at a time"),
+    (["--fsync-thread", "--fsync", "always"], "where fsync=batch's fsync runs"),
+    (["--fsync-thread", "--machine", "scheduler"], "measure the kv machine"),
 ])
-def test_bench_early_send_usage_errors_are_one_line(args, message):
+def test_bench_variant_usage_errors_are_one_line(args, message):
     p = cellar("bench", *args, timeout=60)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
-
 
 
 def test_fsync_inline_by_default_thread_by_flag_or_setting(tmp_path):
@@ -77,13 +79,3 @@ def test_bench_compares_the_fsync_thread_with_inline():
     assert all(result["median"][v]["writes_per_s"] > 0 for v in ("thread", "inline"))
     assert result["throughput_ratio_inline_over_thread"] > 0 and result["cpu_per_write_ratio_inline_over_thread"] > 0
     assert all(m["errors"] == 0 for ms in result["runs"].values() for m in ms)
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--fsync-thread", "--early-send"], "one comparison at a time"),
-    (["--fsync-thread", "--fsync", "always"], "where fsync=batch's fsync runs"),
-    (["--fsync-thread", "--machine", "scheduler"], "measure the kv machine"),
-])
-def test_bench_fsync_thread_usage_errors_are_one_line(args, message):
-    p = cellar("bench", *args, timeout=60)
-    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
