@@ -312,13 +312,12 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
         if early and protocol != "sdpaxos":
             raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
-        if fsync_thread:
+        if fsync_thread or early:
+            # Each variant is a `cellar serve` flag: the old path first, then the new.
+            variants, flags = ((FSYNC_VARIANTS, ("--fsync-thread", "--fsync-inline")) if fsync_thread
+                               else (EARLY_VARIANTS, ("--no-early-send", "--early-send")))
             result = asyncio.run(run_pair_bench(
-                FSYNC_VARIANTS, lambda v: {"extra_args": ["--fsync-thread" if v == "thread" else "--fsync-inline"]},
-                protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))
-        elif early:
-            result = asyncio.run(run_pair_bench(
-                EARLY_VARIANTS, lambda v: {"extra_args": ["--early-send" if v == "early" else "--no-early-send"]},
+                variants, lambda v: {"extra_args": [flags[variants.index(v)]]},
                 protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))
         else:
             result = asyncio.run(run_tls_bench(protocol, replicas, sessions, seconds, warmup, rounds, value_bytes,

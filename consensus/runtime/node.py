@@ -169,7 +169,8 @@ class NodeConfig:
     # (ProtocolConfig.early_send, docs/early-send.md).
     early_send: bool = True
     # fsync=batch: the turn's fsync in a worker thread (the path before 2026-11-27)
-    # rather than on the loop at the end of the turn (docs/runtime.md, "Durability").
+    # rather than on the loop at the end of the turn (docs/runtime.md, "Where batch's
+    # fsync runs").
     fsync_thread: bool = False
     election_ms: float = 500.0
     lease_ms: float = 500.0

@@ -1044,8 +1044,8 @@ class GroupCommitter:
         self._loop = asyncio.get_running_loop()
         # inline: the fsync runs on the loop at the end of the turn that appended (still
         # one per turn for everything appended in it), not in the thread: no hand-off
-        # to a thread and back per sync, which cost a replica 13-15 % of its CPU per
-        # write at 256 sessions; the loop waits for the fsync instead (0.1-0.8 ms here).
+        # to a thread and back per sync (0.81-0.84x the replicas' CPU per write at 256
+        # sessions, docs/runtime.md); the loop waits for the fsync instead (0.1-0.8 ms here).
         self._inline = inline
         self._executor = (None if inline else
                           concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-fsync"))

@@ -19,16 +19,23 @@ def cellar(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_on_by_default_off_by_flag_or_setting(tmp_path):
+@pytest.mark.parametrize("flag,default,bad", [("early_send", True, '"yes"'), ("fsync_thread", False, "1")])
+def test_a_switch_has_its_default_and_is_set_by_flag_or_setting(tmp_path, flag, default, bad):
+    """early_send (on by default; the protocol's setting too) and fsync_thread (off: each
+    loop turn's fsync on the loop, GroupCommitter inline; on keeps the worker thread,
+    the path before it, for ``cellar bench --fsync-thread``)."""
     base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
-    assert build_config(None, dict(base)).protocol_config().early_send is True
-    assert build_config(None, {**base, "early_send": False}).protocol_config().early_send is False
+    assert getattr(build_config(None, dict(base)), flag) is default
+    assert getattr(build_config(None, {**base, flag: not default}), flag) is (not default)
+    if flag == "early_send":
+        assert build_config(None, dict(base)).protocol_config().early_send is True
+        assert build_config(None, {**base, flag: False}).protocol_config().early_send is False
     toml = tmp_path / "node.toml"
-    toml.write_text('early_send = "yes"\n')
-    with pytest.raises(NodeError, match="early_send = 'yes' is not true or false"):
+    toml.write_text(f"{flag} = {bad}\n")
+    with pytest.raises(NodeError, match=f"{flag} = {bad.replace(chr(34), chr(39))} is not true or false"):
         build_config(str(toml), dict(base))
-    toml.write_text("early_send = false\n")
-    assert build_config(str(toml), dict(base)).early_send is False
+    toml.write_text(f"{flag} = {str(not default).lower()}\n")
+    assert getattr(build_config(str(toml), dict(base)), flag) is (not default)
 
 
 def test_bench_compares_early_send_off_and_on():
@@ -53,21 +60,6 @@ def test_bench_compares_early_send_off_and_on():
 def test_bench_variant_usage_errors_are_one_line(args, message):
     p = cellar("bench", *args, timeout=60)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
-
-
-def test_fsync_inline_by_default_thread_by_flag_or_setting(tmp_path):
-    """fsync=batch runs each loop turn's fsync on the loop (GroupCommitter inline);
-    ``--fsync-thread`` or ``fsync_thread = true`` keeps the worker thread, the path
-    before it, for comparisons (``cellar bench --fsync-thread``)."""
-    base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
-    assert build_config(None, dict(base)).fsync_thread is False
-    assert build_config(None, {**base, "fsync_thread": True}).fsync_thread is True
-    toml = tmp_path / "node.toml"
-    toml.write_text("fsync_thread = 1\n")
-    with pytest.raises(NodeError, match="fsync_thread = 1 is not true or false"):
-        build_config(str(toml), dict(base))
-    toml.write_text("fsync_thread = true\n")
-    assert build_config(str(toml), dict(base)).fsync_thread is True
 
 
 def test_bench_compares_the_fsync_thread_with_inline():

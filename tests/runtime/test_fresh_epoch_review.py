@@ -28,6 +28,7 @@ import types
 import pytest
 
 from consensus.runtime.node import Node, NodeConfig
+from store.server import stop_processes
 
 pytestmark = pytest.mark.xdist_group("loopback-hosts")
 
@@ -133,13 +134,7 @@ async def test_a_joiner_under_a_current_name_with_only_stale_endpoints_does_not_
             c.start(0)
             running = await wait_epoch(a.client, 2, 20.0)
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            stop_processes([proc], timeout_s=15)
         assert running.get("epoch") != 2 or running.get("joining"), f"the empty A runs as A of epoch 2: {running}"
     finally:
         for j in made:
@@ -172,13 +167,7 @@ async def test_a_joiner_under_a_current_name_is_refused_also_when_a_retired_memb
                 await asyncio.sleep(0.2)
             running = await wait_epoch(a.client, 2, 1.0) if proc.poll() is None else None
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            stop_processes([proc], timeout_s=15)
         err = proc.stderr.read() if proc.stderr else ""
         assert running is None, f"the empty A runs as member A of epoch 2: {running}"
         assert proc.returncode != 0 and "already a member" in err, (proc.returncode, err[-600:])
@@ -270,13 +259,7 @@ async def test_under_tls_a_base_is_taken_only_from_a_member_node(tmp_path):
             await asyncio.sleep(0.1)
         assert not stored.exists(), "the joiner stored a base served under the client certificate"
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_processes([proc], timeout_s=15)
         log.close()
         s1.close()
         s2.close()

@@ -48,6 +48,24 @@ async def wait_epoch(addr, epoch: int, timeout_s: float, **tls) -> dict:
             return a
         await asyncio.sleep(0.2)
 
+def started(c, joiners: list, tmp_path, names=("A", "B")) -> list[Joiner]:
+    """Newcomers ``names`` started with ``cellar serve --join`` against ``c``."""
+    new = [Joiner(tmp_path, n, c.client_addresses) for n in names]
+    joiners.extend(new)
+    for j in new:
+        j.start()
+    return new
+
+
+async def added(c, joiners: list, tmp_path) -> tuple[list[Joiner], subprocess.CompletedProcess]:
+    """Newcomers A and B started and added by ``cellar member add`` (which succeeded)."""
+    new = started(c, joiners, tmp_path)
+    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
+                                endpoints(c.client_addresses), "--json")
+    assert p.returncode == 0, p.stderr[-800:]
+    return new, p
+
+
 
 @pytest.fixture
 def cluster(tmp_path):
@@ -86,13 +104,7 @@ async def test_a_change_read_at_an_older_epoch_is_refused(cluster, joiners, tmp_
     await c.await_ready(timeout_s=30)
     stale_epoch, stale_members, stale_seq, _ = await member_cli._current(c.client_addresses, 2.0)
     assert stale_epoch == 0
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
-    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses), "--json")
-    assert p.returncode == 0, p.stderr[-800:]
+    new, p = await added(c, joiners, tmp_path)
     assert json.loads(p.stdout)["epoch"] == 1
     # A second admin, who read the members at epoch 0 (say for "replace 2 by 2"), now sends its change.
     with pytest.raises(CLIError, match="epoch"):
@@ -235,13 +247,7 @@ async def test_a_restart_under_another_name_does_not_retire_the_member(cluster, 
     and the cluster has lost a member for ever."""
     c = cluster()
     await c.await_ready(timeout_s=30)
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
-    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses), "--json")
-    assert p.returncode == 0, p.stderr[-800:]
+    new, p = await added(c, joiners, tmp_path)
     a = new[0]
     a.stop()
     typo = list(a.args)
@@ -267,10 +273,7 @@ async def test_a_member_paused_through_the_switch_catches_up_and_every_base_is_t
 
     c = cluster()
     await c.await_ready(timeout_s=30)
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
+    new = started(c, joiners, tmp_path)
     load = Load(list(c.client_addresses[:2]) + [j.client for j in new], sessions=6)
     task = asyncio.create_task(load.run())
     try:
@@ -335,13 +338,7 @@ async def test_a_joiner_under_the_name_of_a_current_member_is_refused(cluster, j
     already have."""
     c = cluster()
     await c.await_ready(timeout_s=30)
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
-    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses), "--json")
-    assert p.returncode == 0, p.stderr[-800:]
+    new, p = await added(c, joiners, tmp_path)
     a = new[0]
     a.stop()
     again = list(a.args)
@@ -401,10 +398,7 @@ async def test_a_joiner_restarted_after_it_was_added_but_before_its_base_still_j
 
     c = cluster()
     await c.await_ready(timeout_s=30)
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
+    new = started(c, joiners, tmp_path)
     deadline = time.monotonic() + 20.0
     while not (await epoch_of(new[0].client)).get("joining"):
         assert time.monotonic() < deadline, "A never answered"
@@ -450,13 +444,7 @@ async def test_a_member_removed_while_down_is_told_also_after_the_others_restart
     member nor retired; clients time out instead of hearing ``moved``)."""
     c = cluster()
     await c.await_ready(timeout_s=30)
-    new = [Joiner(tmp_path, n, c.client_addresses) for n in ("A", "B")]
-    joiners.extend(new)
-    for j in new:
-        j.start()
-    p = await asyncio.to_thread(cli, "member", "add", *(j.entry for j in new), "--endpoints",
-                                endpoints(c.client_addresses), "--json")
-    assert p.returncode == 0, p.stderr[-800:]
+    new, p = await added(c, joiners, tmp_path)
     c.stop(2)  # down while it is removed
     p = await asyncio.to_thread(cli, "member", "remove", "2", "B", "--endpoints",
                                 endpoints(c.client_addresses[:2] + [new[0].client]), "--json")

@@ -46,6 +46,20 @@ async def _until(pred, what: str) -> None:
         while not pred():
             await asyncio.sleep(0.01)
 
+def _hold_snapshots_at(node: Node, gate) -> None:
+    """``take_snapshot`` waits until the file ``gate`` exists (bounded). Only the forked
+    child calls it (the node itself never does), so the child is held, not the node."""
+    take = node.replica.take_snapshot
+
+    def held_take_snapshot():
+        deadline = time.monotonic() + WAIT_S
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return take()
+
+    node.replica.take_snapshot = held_take_snapshot
+
+
 
 async def test_a_snapshot_is_made_by_a_child_while_the_node_serves(tmp_path):
     # No automatic snapshots: the test takes one (the admin request cellar snapshot save
@@ -53,15 +67,7 @@ async def test_a_snapshot_is_made_by_a_child_while_the_node_serves(tmp_path):
     nodes = _nodes(tmp_path, snapshot_every=0)
     gate = tmp_path / "go"
     node = nodes[0]
-    take = node.replica.take_snapshot
-
-    def held_take_snapshot():  # runs in the forked child only (the node never calls it itself)
-        deadline = time.monotonic() + WAIT_S
-        while not gate.exists() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return take()
-
-    node.replica.take_snapshot = held_take_snapshot
+    _hold_snapshots_at(node, gate)
     for nd in nodes:
         await nd.start()
     try:
@@ -189,15 +195,7 @@ async def test_the_snapshot_child_runs_on_idle_cpu_then_is_promoted(tmp_path, mo
     nodes = _nodes(tmp_path, snapshot_every=0)
     gate = tmp_path / "go"
     node = nodes[0]
-    take = node.replica.take_snapshot
-
-    def held_take_snapshot():  # in the child: wait at the gate (bounded)
-        deadline = time.monotonic() + WAIT_S
-        while not gate.exists() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return take()
-
-    node.replica.take_snapshot = held_take_snapshot
+    _hold_snapshots_at(node, gate)
     for nd in nodes:
         await nd.start()
     try:
