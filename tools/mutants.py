@@ -1185,6 +1185,20 @@ MUTANTS: list[Mutant] = [
         rule="docs/membership.md part 2: a member entering the new epoch tells the newcomers",
         description="newcomers that know nobody never learn their epoch when every old member leaves",
     ),
+    Mutant(
+        name="epoch-restart-taken-fresh",
+        file=EPOCHS,
+        old="""\
+        if fresh and snapshot is not None and not records and base.epoch > 0:
+""",
+        new="""\
+        if snapshot is not None and base.epoch > 0:
+""",
+        rule="docs/membership.md part 3: only an epoch's first start in a process is fresh; a restart "
+             "replays its records (the snapshot path and its restart rules)",
+        description="a member restarted inside an epoch is built fresh from the base: its promises and "
+                    "accepts are forgotten and a second value can be chosen",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}
