@@ -130,6 +130,7 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
 TLS_VARIANTS = ("plaintext", "tls")
 EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it), on
 FSYNC_VARIANTS = ("thread", "inline")  # --fsync-thread: the old path, the default
+EXEC_VARIANTS = ("apply-first", "send-first")  # --execute-after-send: the old path, the default
 
 
 async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
@@ -272,15 +273,18 @@ def _print_summary(result: dict) -> None:
 @click.option("--fsync-thread", "fsync_thread", is_flag=True,
               help="kv only: compare each loop turn's fsync in a worker thread (the old path) with the "
                    "default, on the loop (same protocol, alternating rounds).")
+@click.option("--execute-after-send", "exec_after", is_flag=True,
+              help="kv only: compare a replica applying a commit before sending it (the old path, "
+                   "--execute-inline) with the default, after (same protocol, alternating rounds).")
 def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
-          seed, quiet, as_json, plot_path, tls, protocol, early, fsync_thread) -> None:
+          seed, quiet, as_json, plot_path, tls, protocol, early, fsync_thread, exec_after) -> None:
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
     if machine == "scheduler":
-        if tls or early or fsync_thread:
-            raise click.BadParameter("--tls, --early-send and --fsync-thread measure the kv machine",
-                                     param_hint="--tls/--early-send/--fsync-thread")
+        if tls or early or fsync_thread or exec_after:
+            raise click.BadParameter("--tls, --early-send, --fsync-thread and --execute-after-send measure the kv "
+                                     "machine", param_hint="--tls/--early-send/--fsync-thread/--execute-after-send")
         from bench import scheduler_bench
 
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -302,19 +306,20 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
-    if tls + early + fsync_thread > 1:
-        raise click.BadParameter("one comparison at a time: --tls, --early-send or --fsync-thread",
-                                 param_hint="--early-send")
+    if tls + early + fsync_thread + exec_after > 1:
+        raise click.BadParameter("one comparison at a time: --tls, --early-send, --fsync-thread or "
+                                 "--execute-after-send", param_hint="--early-send")
     if fsync_thread and fsync != "batch":
         raise click.BadParameter("--fsync-thread compares where fsync=batch's fsync runs", param_hint="--fsync")
-    if tls or early or fsync_thread:
+    if tls or early or fsync_thread or exec_after:
         if plot_path:
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
         if early and protocol != "sdpaxos":
             raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
-        if fsync_thread or early:
+        if fsync_thread or early or exec_after:
             # Each variant is a `cellar serve` flag: the old path first, then the new.
             variants, flags = ((FSYNC_VARIANTS, ("--fsync-thread", "--fsync-inline")) if fsync_thread
+                               else (EXEC_VARIANTS, ("--execute-inline", "--execute-after-send")) if exec_after
                                else (EARLY_VARIANTS, ("--no-early-send", "--early-send")))
             result = asyncio.run(run_pair_bench(
                 variants, lambda v: {"extra_args": [flags[variants.index(v)]]},

@@ -137,7 +137,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
              "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control", "straggler_floor_ms",
-             "early_send", "fsync_thread"}
+             "early_send", "fsync_thread", "defer_execution"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -170,7 +170,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
                 setattr(cfg, attr, typ(raw[key]))
             except (TypeError, ValueError):
                 raise NodeError(f"setting {key} = {raw[key]!r} is not a valid {typ.__name__}") from None
-    for flag in ("snapshot_fork", "early_send", "fsync_thread"):
+    for flag in ("snapshot_fork", "early_send", "fsync_thread", "defer_execution"):
         if flag in raw:
             if type(raw[flag]) is not bool:
                 raise NodeError(f"setting {flag} = {raw[flag]!r} is not true or false")
@@ -693,6 +693,10 @@ def install_loop() -> None:
 @click.option("--fsync-thread/--fsync-inline", "fsync_thread", default=None,
               help="fsync=batch: run each loop turn's fsync in a worker thread, the path before "
                    "2026-11-27 (default inline, on the loop at the end of the turn; docs/runtime.md).")
+@click.option("--execute-after-send/--execute-inline", "defer_execution", default=None,
+              help="A replica applies what it committed after sending the commit to its peers, so "
+                   "the replicas apply in parallel (default on; --execute-inline: apply first, the "
+                   "path before 2026-11-27; docs/runtime.md).")
 @click.option("--join", "join", help="A new member: ask these replicas (client HOST:PORT,...) for the cluster's "
                                     "members until `cellar member add` names us (with --name, --listen, --client).")
 @click.option("--name", "name", help="This member's name (--join; default: its id).")
@@ -702,6 +706,7 @@ def install_loop() -> None:
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
           snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, fsync_thread,
+          defer_execution,
           join, name, ready_file, parent_pid, log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
@@ -726,7 +731,8 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
-            "early_send": early_send, "fsync_thread": fsync_thread, "name": name,
+            "early_send": early_send, "fsync_thread": fsync_thread,
+            "defer_execution": defer_execution, "name": name,
         })
         if join is not None:
             from store.client import parse_addresses

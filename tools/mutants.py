@@ -1199,6 +1199,48 @@ MUTANTS: list[Mutant] = [
         description="a member restarted inside an epoch is built fresh from the base: its promises and "
                     "accepts are forgotten and a second value can be chosen",
     ),
+    Mutant(
+        name="execute-before-send",
+        file=BASE,
+        old="""\
+        if self.cfg.defer_execution and not self._executing:
+""",
+        new="""\
+        if False:
+""",
+        rule="docs/runtime.md, execution after send: with defer_execution a commit only marks execution "
+             "due; the Ready that carries the commit's messages carries no execution",
+        description="the replica applies a batch inside the step that commits it, before the commit's "
+                    "messages leave: the peers apply after it rather than beside it",
+    ),
+    Mutant(
+        name="execution-due-never-set",
+        file=BASE,
+        old="""\
+            if not self.execute_due and self._would_execute():
+""",
+        new="""\
+            if False:
+""",
+        rule="docs/runtime.md, execution after send: what the immediate path would execute, the deferred "
+             "path executes once the driver calls execute()",
+        description="execution is deferred but never marked due: the driver never calls execute() and "
+                    "nothing committed is applied or answered",
+    ),
+    Mutant(
+        name="execution-due-ignores-blocked",
+        file=SDP,
+        old="""\
+        return (c is not None and c.committed) or self._blocked_on != (leader, inst)
+""",
+        new="""\
+        return c is not None and c.committed
+""",
+        rule="docs/runtime.md, execution after send: execution is due when the executor would block on a "
+             "C-instance it was not blocked on yet (that starts the fetch of a missing instance)",
+        description="a deferred executor that meets a missing C-instance never records it as blocked, so "
+                    "it never fetches it and execution stalls for good",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -99,6 +99,12 @@ class ProtocolConfig:
     # reserved instances its log lacks (docs/early-send.md). Saves one fsync on the
     # commit path. Off: every accept waits for the leader's record.
     early_send: bool = False
+    # Execution after send (docs/runtime.md, "Execution after send"): a commit only
+    # marks execution due (``execute_due``); the driver runs it with ``execute()`` once
+    # it has sent the Ready that carries the commit's messages, so the peers learn of
+    # a commit before this replica spends its time applying it (etcd raft's
+    # CommittedEntries, applied after the messages go). Order and results unchanged.
+    defer_execution: bool = False
     # Which configuration of the cluster this is (docs/membership.md): a reconfiguration
     # command must name it.
     epoch: int = 0

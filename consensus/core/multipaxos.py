@@ -369,7 +369,13 @@ class MultiPaxosReplica(ReplicaBase):
             # Tell the leader what we now hold, so it stops resending it (lazily).
             self.send(src, MAck(self.view, self.prefix), lazy=True)
 
+    def _would_execute(self) -> bool:
+        slot = self.log.get(self.exec_slot)
+        return slot is not None and slot.committed
+
     def _execute(self) -> None:
+        if self._execution_deferred():
+            return
         log = self.log
         while True:
             slot = log.get(self.exec_slot)

@@ -91,6 +91,8 @@ class ReplicaBase:
         self._needs_result: dict[tuple, None] = {}  # (client, seq): after execution
         self._blind: dict[tuple, None] = {}  # (client, seq): as soon as ready
         self._exec_out: list = []
+        self.execute_due = False  # ProtocolConfig.defer_execution: call execute()
+        self._executing = False
         self.stats: dict[str, int] = {"proposed": 0, "instances": 0, "executed": 0}
         # The view and who owns it; only the gate changes them (consensus.core.views).
         self.gate = ViewGate(node_id, cfg.initial_view, 0)
@@ -309,6 +311,35 @@ class ReplicaBase:
             if (client, seq) in blind:
                 del blind[(client, seq)]
                 self._replies.append(Reply(client, seq))
+
+    def execute(self) -> None:
+        """ProtocolConfig.defer_execution: execute what is committed and executable
+        now (its replies, reads and ``executed`` come out of the next ``ready()``).
+        The driver calls it once ``execute_due`` is set, after sending the Ready
+        that set it."""
+        self.execute_due = False
+        self._executing = True
+        try:
+            self._execute()
+        finally:
+            self._executing = False
+
+    def _execution_deferred(self) -> bool:
+        """At the top of ``_execute``: with defer_execution, outside ``execute()``,
+        only mark execution due, and only if it would do something now."""
+        if self.cfg.defer_execution and not self._executing:
+            if not self.execute_due and self._would_execute():
+                self.execute_due = True
+            return True
+        return False
+
+    def _would_execute(self) -> bool:
+        """Would ``_execute`` now apply a batch or change its own state? (Saves the
+        driver a turn per Ready when nothing is executable.)"""
+        return True
+
+    def _execute(self) -> None:
+        raise NotImplementedError
 
     def _apply(self, slot: int, label: tuple, cmds: list | None) -> None:
         """Execute one batch at global position ``slot`` and answer waiting clients."""

@@ -1491,9 +1491,30 @@ class SDPaxosReplica(ReplicaBase):
             if took < self._best_ready:
                 self._best_ready = took
 
+    def _would_execute(self) -> bool:
+        """The head of ``_execute``'s loop: it acts now if the next slot is executable
+        (committed, or our own fast durable one) and either names no C-instance (NOCL,
+        END), or its C-instance is committed here, or it blocks on a C-instance it was
+        not blocked on yet (which starts the fetch timer); or if the next slot is not
+        executable and a blocked state is left to clear. Otherwise it would return at
+        once: nothing applied, nothing to serve (a read waits only for slots at or
+        above the execution point)."""
+        slot = self.oslots.get(self.exec_slot)
+        if slot is None or not (slot.committed or (slot.fast and slot.durable and slot.leader == self.id
+                                                   and slot.view == self.view)):
+            return self._blocked_on is not None or self._blocked_since != -1 or self._fetching
+        leader = slot.leader
+        if leader == NOCL or leader == END:
+            return True
+        inst = self.exec_inst[leader]
+        c = self.clog[leader].get(inst)
+        return (c is not None and c.committed) or self._blocked_on != (leader, inst)
+
     def _execute(self) -> None:
         if self.ended >= 0:
             return  # X: this epoch is over here
+        if self._execution_deferred():
+            return
         oslots, clog, me = self.oslots, self.clog, self.id
         progressed = False
         while True:

@@ -172,6 +172,10 @@ class NodeConfig:
     # rather than on the loop at the end of the turn (docs/runtime.md, "Where batch's
     # fsync runs").
     fsync_thread: bool = False
+    # Execution after send (ProtocolConfig.defer_execution, docs/runtime.md): a
+    # commit's messages leave before this replica applies it, so the replicas apply
+    # in parallel rather than one after another.
+    defer_execution: bool = True
     election_ms: float = 500.0
     lease_ms: float = 500.0
     batch_max: int = 2048
@@ -225,6 +229,7 @@ class NodeConfig:
             recovery_ticks=ticks(self.election_ms),
             straggler_floor_ticks=ticks(self.straggler_floor_ms),
             early_send=self.early_send,
+            defer_execution=self.defer_execution,
             epoch=self.epoch,
         )
 
@@ -1262,14 +1267,35 @@ class Node:
 
         Then bookkeeping that emits nothing itself: start fetching a snapshot the
         replica asked for (``rd.snapshot_from``) and take our own snapshot when due.
+
+        5. **Execute after send** (``defer_execution``): once nothing waits in the
+           outbox, what the replica committed is on its way to the peers; only then
+           does it apply it (``replica.execute()``), and a second ``_carry_out`` takes
+           the answers. So the peers apply a batch while this replica does, not after.
         """
         self._scheduled = False
         if self._down or self._installing:
             return
         try:
             self._carry_out()
+            if self._execution_after_send():
+                self._carry_out()  # the execution's answers and what it decided
         except Exception as e:  # a bug in the driver itself: same rule as the core's
             self._fail(f"internal error in the driver: {_describe(e)}", e)
+
+    def _execution_after_send(self) -> bool:
+        """ProtocolConfig.defer_execution: once everything the replica emitted is
+        sent (the outbox empty; ``_release`` has flushed the transport), have it
+        execute what it committed. True if it did. With output still waiting for an
+        fsync, ``_on_durable`` releases it and kicks us again."""
+        if self._outbox or self._down or self._installing or not getattr(self.replica, "execute_due", False):
+            return False
+        try:
+            self.replica.execute()
+        except Exception as e:
+            self._core_failed("execute", e)
+            return False
+        return not self._down
 
     def _carry_out(self) -> None:
         try:
@@ -1380,6 +1406,8 @@ class Node:
                 batch.append((messages, replies))
             if batch:
                 self._release(batch)
+                if not self._outbox and getattr(self.replica, "execute_due", False):
+                    self._kick()  # _process executes it
             if not self._down and self.wal.last_seq > self.wal.durable_seq:
                 self._await_durable(self.wal.last_seq)  # what was appended since: wait again
             elif self._end_pending is not None and not self._outbox:

@@ -145,6 +145,7 @@ def _swarm_config(seed: int) -> SimConfig:
         faults=swarm_schedule(rng, n, seconds, kinds, protocol),
         # Drawn last, so that every other field of a seed stays what it was.
         early_send=rng.random() < 0.5,
+        defer_execution=rng.random() < 0.5,  # after early_send, for the same reason
     )
 
 

@@ -114,6 +114,9 @@ class SimConfig:
     thrifty: bool = True
     # ProtocolConfig.early_send (SDPaxos): matters only with a disk model (disk_sync_ms).
     early_send: bool = False
+    # ProtocolConfig.defer_execution: a replica executes its commits after sending them
+    # (as the runtime does by default).
+    defer_execution: bool = False
     jitter: float = 0.0
     jitter_ms_min: float = 0.0
     loss: float = 0.0
@@ -235,6 +238,7 @@ class Simulation:
             straggler_window_ticks=max(1, round(cfg.straggler_window_ms / tick)),
             straggler_cooldown_ticks=max(1, round(cfg.straggler_cooldown_ms / tick)),
             early_send=cfg.early_send,
+            defer_execution=cfg.defer_execution,
         )
         self.cls = PROTOCOLS[cfg.protocol]
         self.new_machine = machine_factory(cfg.machine, cfg.machine_config)  # draws nothing
@@ -401,6 +405,8 @@ class Simulation:
             self.view_change_times.append(self.now)
         if self.sim_disks is not None:
             self._drain_to_disk(node, replica, rd)
+            if not self.sim_disks[node].waiting:  # else _on_sync, once they are sent
+                self._execute_after_send(node)
             return
         if rd.persist:
             self.disks[node].extend(rd.persist)
@@ -413,6 +419,16 @@ class Simulation:
         every = self._snapshot_every
         if every and replica.exec_slot - self._snap_slot[node] >= every:
             self._take_snapshot(node)
+        self._execute_after_send(node)
+
+    def _execute_after_send(self, node: int) -> None:
+        """ProtocolConfig.defer_execution: the commits are sent; execute them (the
+        runtime's Node._execute_due, which takes a turn of its own: no other event
+        comes between here)."""
+        replica = self.nodes[node]
+        if replica is not None and replica.execute_due:
+            replica.execute()
+            self._drain(node)
 
     def _send(self, node: int, messages: list, replies: list) -> None:
         """Messages to peers, then replies to clients (their records are durable)."""
@@ -539,6 +555,8 @@ class Simulation:
             self._start_sync(node)
         if token:
             self._drain(node)
+        elif not waiting:
+            self._execute_after_send(node)
         self._disk_snapshot_steps(node)
 
     def _disk_snapshot_steps(self, node: int) -> None:

@@ -19,7 +19,8 @@ def cellar(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "store.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("flag,default,bad", [("early_send", True, '"yes"'), ("fsync_thread", False, "1")])
+@pytest.mark.parametrize("flag,default,bad", [("early_send", True, '"yes"'), ("fsync_thread", False, "1"),
+                                              ("defer_execution", True, "0")])
 def test_a_switch_has_its_default_and_is_set_by_flag_or_setting(tmp_path, flag, default, bad):
     """early_send (on by default; the protocol's setting too) and fsync_thread (off: each
     loop turn's fsync on the loop, GroupCommitter inline; on keeps the worker thread,
@@ -27,9 +28,9 @@ def test_a_switch_has_its_default_and_is_set_by_flag_or_setting(tmp_path, flag, 
     base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
     assert getattr(build_config(None, dict(base)), flag) is default
     assert getattr(build_config(None, {**base, flag: not default}), flag) is (not default)
-    if flag == "early_send":
-        assert build_config(None, dict(base)).protocol_config().early_send is True
-        assert build_config(None, {**base, flag: False}).protocol_config().early_send is False
+    if flag in ("early_send", "defer_execution"):  # the protocol's settings too
+        assert getattr(build_config(None, dict(base)).protocol_config(), flag) is True
+        assert getattr(build_config(None, {**base, flag: False}).protocol_config(), flag) is False
     toml = tmp_path / "node.toml"
     toml.write_text(f"{flag} = {bad}\n")
     with pytest.raises(NodeError, match=f"{flag} = {bad.replace(chr(34), chr(39))} is not true or false"):
