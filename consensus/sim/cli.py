@@ -226,7 +226,10 @@ def search_command(examples: int, seed: int | None, replay: int | None, save: bo
 @click.option("--seed", type=int, default=None, help="First seed (default: from the clock; printed).")
 @click.option("--replay", type=int, default=None, help="Judge only this seed and print its config and result.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per failure, and a summary.")
-def membership_command(examples: int, seed: int | None, replay: int | None, as_json: bool) -> None:
+@click.option("--execute-after-send", "defer", is_flag=True,
+              help="Members execute their commits after sending them, as `cellar serve` does by default "
+                   "(docs/runtime.md); without it, inside the step that commits.")
+def membership_command(examples: int, seed: int | None, replay: int | None, as_json: bool, defer: bool) -> None:
     """Fault search for membership change (docs/membership.md): processes across epochs
     under crashes, cut links, loss and reordering while an admin grows, shrinks and
     replaces the cluster; every epoch must close the same way everywhere, the history
@@ -236,8 +239,8 @@ def membership_command(examples: int, seed: int | None, replay: int | None, as_j
     from .membership import judge_seed, swarm_membership
 
     if replay is not None:
-        result = judge_seed(replay)
-        click.echo(json.dumps({"config": repr(swarm_membership(replay)), **result}, default=str))
+        result = judge_seed(replay, defer)
+        click.echo(json.dumps({"config": repr(swarm_membership(replay, defer)), **result}, default=str))
         sys.exit(1 if result["failures"] else 0)
     first = seed if seed is not None else int(time.time())
     started = time.monotonic()
@@ -245,11 +248,12 @@ def membership_command(examples: int, seed: int | None, replay: int | None, as_j
     with click.progressbar(range(first, first + examples), label=f"seeds {first}..{first + examples - 1}",
                            file=sys.stderr) as bar:
         for s in bar:
-            result = judge_seed(s)
+            result = judge_seed(s, defer)
             if result["failures"]:
                 failed.append(result)
                 click.echo(json.dumps(result) if as_json else
-                           f"FAIL seed {s}: {', '.join(result['failures'])} (replay: cellar sim membership --replay {s})")
+                           f"FAIL seed {s}: {', '.join(result['failures'])} (replay: cellar sim membership --replay {s}"
+                           f"{' --execute-after-send' if defer else ''})")
     summary = {"first": first, "examples": examples, "failures": len(failed), "seconds": round(time.monotonic() - started)}
     click.echo(json.dumps(summary) if as_json else
                f"seeds {first}..{first + examples - 1}: {len(failed)} failure(s) in {summary['seconds']} s")

@@ -21,6 +21,7 @@ acknowledged write is lost); and every client command completed (liveness).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,9 @@ class MembershipConfig:
     # Crash the process the admin asked, this many rounds after the ask (-1: never):
     # the proposer of the change dying mid-way.
     kill_asked_after: int = -1
+    # ProtocolConfig.defer_execution: members execute their commits after sending them
+    # (the runtime's default; docs/runtime.md, "Execution after send").
+    defer_execution: bool = False
 
 
 @dataclass
@@ -84,7 +88,7 @@ class MembershipSim:
         self.rng = random.Random(rng.getrandbits(64))
         self.net_rng = random.Random(rng.getrandbits(64))
         self.new_machine = machine_factory("kv")
-        self.pcfg = protocol_config(cfg.delay_max)
+        self.pcfg = dataclasses.replace(protocol_config(cfg.delay_max), defer_execution=cfg.defer_execution)
         self.names = [f"r{i}" for i in range(cfg.pool)]
         first = EpochBase(0, tuple(self.names[: cfg.start]), self.names[0])
         # Durable per process: the bases it stored, and each epoch's records.
@@ -147,6 +151,9 @@ class MembershipSim:
                 if rp.ok:
                     self._answer(rp.client, rp.seq, rp.result)
             if rd.epoch_end is None:
+                if m.inner.execute_due:  # sent: now execute, and carry out what that gives
+                    m.inner.execute()
+                    continue
                 return
             base = m.close(rd.epoch_end)
             self.closed.setdefault(base.epoch - 1, set()).add((base.members, base.sequencer, base.state))
@@ -351,8 +358,10 @@ class MembershipSim:
                 "members": sorted(m.name for m in members)}
 
 
-def swarm_membership(seed: int) -> MembershipConfig:
-    """Every knob drawn from the seed (swarm testing: each run its own mix)."""
+def swarm_membership(seed: int, defer_execution: bool = False) -> MembershipConfig:
+    """Every knob drawn from the seed (swarm testing: each run its own mix); execution
+    after send is the caller's choice (``cellar sim membership --execute-after-send``),
+    so that a seed's run stays what it was."""
     rng = random.Random(seed)
     return MembershipConfig(
         seed=rng.getrandbits(32),
@@ -366,11 +375,12 @@ def swarm_membership(seed: int) -> MembershipConfig:
         dup=rng.choice((0.0, 0.05)),
         delay_max=rng.choice((0, 1, 3)),
         kill_asked_after=rng.choice((-1, -1, 0, 3, 10)),
+        defer_execution=defer_execution,
     )
 
 
-def judge_seed(seed: int) -> dict:
-    result = MembershipSim(swarm_membership(seed)).run().judge()
+def judge_seed(seed: int, defer_execution: bool = False) -> dict:
+    result = MembershipSim(swarm_membership(seed, defer_execution)).run().judge()
     result["seed"] = seed
     return result
 

@@ -20,6 +20,14 @@ def test_membership_changes_under_faults_are_safe_and_live(seed):
     assert result["reconfigs_ok"] >= 2 and result["epochs"] >= 2, result
 
 
+@pytest.mark.parametrize("seed", [14, 33])
+def test_membership_changes_with_execution_after_send(seed):
+    """The runtime's default (docs/runtime.md): members execute after sending."""
+    result = judge_seed(seed, defer_execution=True)
+    assert result["failures"] == [], result
+    assert result["reconfigs_ok"] >= 2 and result["epochs"] >= 2, result
+
+
 def test_a_run_replays_from_its_seed():
     assert judge_seed(7) == judge_seed(7)
     assert swarm_membership(7) == swarm_membership(7)
