@@ -555,6 +555,7 @@ class Node:
         self._tokens: deque = deque()  # (wal seq, Ready.token): replica.persisted once durable
         self._durable_waiting = False  # our one waiter is registered with the committer
         self._scheduled = False
+        self._exec_mark: int | None = None  # defer_execution: the WAL seq of the commits' Ready
         self._stopping = False
         self._failed: BaseException | None = None
         self.failure: str | None = None  # why the node stopped on its own (one line)
@@ -677,6 +678,8 @@ class Node:
             self.replica.executor.restore(snapshot[1])
         else:
             self.replica = cls(cfg.node_id, self.pcfg, self.sm_factory(), records=records, rng=rng, **kwargs)
+        if getattr(self.replica, "execute_due", False):  # defer_execution: the replay
+            self.replica.execute()  # nothing was sent yet: execute what the log holds now, as before
         log.info("node %d recovered %d WAL records%s", cfg.node_id, len(records),
                  f" on top of a snapshot at slot {self._snap_slot}" if snapshot else "")
 
@@ -1268,10 +1271,11 @@ class Node:
         Then bookkeeping that emits nothing itself: start fetching a snapshot the
         replica asked for (``rd.snapshot_from``) and take our own snapshot when due.
 
-        5. **Execute after send** (``defer_execution``): once nothing waits in the
-           outbox, what the replica committed is on its way to the peers; only then
-           does it apply it (``replica.execute()``), and a second ``_carry_out`` takes
-           the answers. So the peers apply a batch while this replica does, not after.
+        5. **Execute after send** (``defer_execution``): once the Ready that carried
+           the commits has left the outbox, what the replica committed is on its way
+           to the peers; only then does it apply it (``replica.execute()``), and a
+           second ``_carry_out`` takes the answers. So the peers apply a batch while
+           this replica does, not after.
         """
         self._scheduled = False
         if self._down or self._installing:
@@ -1283,12 +1287,24 @@ class Node:
         except Exception as e:  # a bug in the driver itself: same rule as the core's
             self._fail(f"internal error in the driver: {_describe(e)}", e)
 
+    def _execution_sent(self) -> bool:
+        """defer_execution: the Ready that carried the commits (WAL seq ``_exec_mark``,
+        taken by ``_carry_out``) has left the outbox. Only that one, not the whole
+        outbox: under load every turn's peer frames put a new Ready in the outbox,
+        and waiting for it to be empty put off execution for as long as the load
+        lasted (review 62)."""
+        mark = self._exec_mark
+        return mark is not None and (not self._outbox or self._outbox[0][0] > mark)
+
     def _execution_after_send(self) -> bool:
-        """ProtocolConfig.defer_execution: once everything the replica emitted is
-        sent (the outbox empty; ``_release`` has flushed the transport), have it
-        execute what it committed. True if it did. With output still waiting for an
-        fsync, ``_on_durable`` releases it and kicks us again."""
-        if self._outbox or self._down or self._installing or not getattr(self.replica, "execute_due", False):
+        """ProtocolConfig.defer_execution: once the commits' messages are sent
+        (``_execution_sent``; ``_release`` has flushed the transport), have the
+        replica execute what it committed. True if it did. With the commits still
+        waiting for an fsync, ``_on_durable`` releases them and kicks us again."""
+        if self._down or self._installing or not self._execution_sent():
+            return False
+        self._exec_mark = None
+        if not getattr(self.replica, "execute_due", False):
             return False
         try:
             self.replica.execute()
@@ -1317,6 +1333,8 @@ class Node:
         seq = wal.last_seq
         if rd.token:
             self._tokens.append((seq, rd.token))
+        if self._exec_mark is None and getattr(self.replica, "execute_due", False):
+            self._exec_mark = seq  # this Ready (or an earlier one) carries the commits
         # 2. send and 3. reply, once durable
         if rd.messages or rd.replies:
             if not self._outbox and seq <= wal.durable_seq:
@@ -1406,7 +1424,7 @@ class Node:
                 batch.append((messages, replies))
             if batch:
                 self._release(batch)
-                if not self._outbox and getattr(self.replica, "execute_due", False):
+                if self._execution_sent():
                     self._kick()  # _process executes it
             if not self._down and self.wal.last_seq > self.wal.durable_seq:
                 self._await_durable(self.wal.last_seq)  # what was appended since: wait again

@@ -249,6 +249,9 @@ class Simulation:
         self.disks: list[list] = [[] for _ in range(n)]
         self.snaps: list[tuple | None] = [None] * n  # each node's latest stored snapshot
         self._snap_slot = [0] * n
+        # defer_execution: the disk mark (records count) of the Ready that carried the
+        # commits; execution runs once the effects up to it have left (Node._exec_mark).
+        self._exec_mark: list[int | None] = [None] * n
         self.snapshots_taken = 0
         self.snapshots_installed = 0
         # (leader, inst, ballot) -> the value first written for it on any disk (the
@@ -320,6 +323,7 @@ class Simulation:
 
     def _start_node(self, node: int) -> None:
         self.incarnation[node] += 1
+        self._exec_mark[node] = None
         rng = random.Random(self._node_seeds[node] + self.incarnation[node])
         snap = self.snaps[node]
         self.nodes[node] = self.cls(node, self.pcfg, self.new_machine(), records=list(self.disks[node]), rng=rng, snapshot=snap)
@@ -405,8 +409,9 @@ class Simulation:
             self.view_change_times.append(self.now)
         if self.sim_disks is not None:
             self._drain_to_disk(node, replica, rd)
-            if not self.sim_disks[node].waiting:  # else _on_sync, once they are sent
-                self._execute_after_send(node)
+            if self._exec_mark[node] is None and replica.execute_due:
+                self._exec_mark[node] = len(self.disks[node])  # this Ready's effects carry the commits
+            self._execute_after_send(node)  # if they left already; else _on_sync, once they do
             return
         if rd.persist:
             self.disks[node].extend(rd.persist)
@@ -422,13 +427,20 @@ class Simulation:
         self._execute_after_send(node)
 
     def _execute_after_send(self, node: int) -> None:
-        """ProtocolConfig.defer_execution: the commits are sent; execute them (the
-        runtime's Node._execute_due, which takes a turn of its own: no other event
-        comes between here)."""
+        """ProtocolConfig.defer_execution: once the commits are sent, execute them
+        (the runtime's ``Node._execution_after_send``): at once without a disk
+        model (a Ready's effects leave with it), else once the effects up to the
+        Ready that carried them have left, not the whole queue (review 62)."""
         replica = self.nodes[node]
-        if replica is not None and replica.execute_due:
-            replica.execute()
-            self._drain(node)
+        if replica is None or not replica.execute_due:
+            return
+        if self.sim_disks is not None:
+            mark, waiting = self._exec_mark[node], self.sim_disks[node].waiting
+            if mark is not None and waiting and waiting[0][0] <= mark:
+                return
+            self._exec_mark[node] = None
+        replica.execute()
+        self._drain(node)
 
     def _send(self, node: int, messages: list, replies: list) -> None:
         """Messages to peers, then replies to clients (their records are durable)."""
@@ -555,7 +567,7 @@ class Simulation:
             self._start_sync(node)
         if token:
             self._drain(node)
-        elif not waiting:
+        else:
             self._execute_after_send(node)
         self._disk_snapshot_steps(node)
 

@@ -7,7 +7,7 @@ another (issue 11: a 64-command scheduler batch costs about 5 ms to apply).
 
 Each rule has a schedule here that breaks if the rule is taken out (planted as the
 mutants ``execute-before-send``, ``execution-due-never-set`` and
-``execution-due-misses-blocked-reset`` in tools/mutants.py):
+``execution-due-ignores-blocked`` in tools/mutants.py):
 
 1. With defer_execution, the Ready that carries the commit's messages carries no
    execution; the next one, after ``execute()``, carries it (and its answer).
@@ -138,3 +138,32 @@ def test_swarm_runs_with_execution_after_send_are_safe_and_live(seed):
     cfg = dataclasses.replace(swarm_config(seed), defer_execution=True)
     verdict = judge(cfg)
     assert not verdict["failures"], (seed, verdict["failures"])
+
+
+def test_execution_keeps_up_under_load_with_a_disk_model():
+    """Review 62: execution waited for the node's whole queue of unsynced output to
+    empty, which under load it rarely did (86 slots committed but not executed, 40 %
+    fewer commands completed, with 30 clients per site). Now it waits only for the
+    Ready that carried the commits: the lag and the throughput match the immediate
+    path's."""
+    out = {}
+    for defer in (False, True):
+        cfg = dataclasses.replace(swarm_config(7), faults=[], defer_execution=defer, disk_sync_ms=1.0, jitter=0.0,
+                                  loss=0.0, dup=0.0, read_fraction=0.2, cas_fraction=0.2, clients_per_site=30,
+                                  seconds=1.0, snapshot_every=0)
+        sim = Simulation(cfg)
+        lag = [0]
+        drain = sim._drain
+
+        def watched(node: int, drain=drain, sim=sim, lag=lag) -> None:
+            drain(node)
+            r = sim.nodes[node]
+            if r is not None:
+                lag[0] = max(lag[0], r.o_committed - r.exec_slot)
+
+        sim._drain = watched
+        sim.run()
+        out[defer] = (sim.summary()["committed"], lag[0])
+    (off_done, off_lag), (on_done, on_lag) = out[False], out[True]
+    assert on_lag <= off_lag + 2, out
+    assert on_done >= 0.9 * off_done, out
