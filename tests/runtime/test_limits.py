@@ -60,6 +60,7 @@ async def test_invalid_commands_are_refused_before_the_log(make_cluster):
     async with CellarClient(cluster.client_addresses, timeout_s=5.0, deadline_s=30.0) as cellar:
         await committing(cellar)
         s = cellar.session(node=1)
+        assert await s.get("probe") == "ok"  # executed on replica 1 (a blind put is answered before)
         st0 = await cellar.status(1)
         before = st0["exec_slot"]
         for key, value in [(1.5, "x"), ("k", {"nested": 1}), ("", "empty key"), ("k", None)]:
@@ -88,6 +89,9 @@ async def test_a_membership_change_command_is_refused_before_the_log(make_cluste
     async with CellarClient(cluster.client_addresses, timeout_s=5.0, deadline_s=30.0) as cellar:
         await committing(cellar)
         s = cellar.session(node=0)
+        # A blind put is answered before it is executed (and replicas execute after
+        # sending the commit): a read of its key waits until replica 0 executed it.
+        assert await s.get("probe") == "ok"
         before = (await cellar.status(0))["exec_slot"]
         with pytest.raises(CellarError, match="a membership change is an admin request"):
             await s.call([RECONFIG, 0, ["a", "b", "c"], "a"])
