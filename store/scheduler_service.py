@@ -162,7 +162,6 @@ class SchedulerService:
         from store.metrics import SchedulerMetrics
 
         self.metrics = SchedulerMetrics(self)
-        self._applied_children: dict[tuple, Any] = {}  # (op, outcome) -> labelled counter
         self._history: collections.deque = collections.deque()
         # every event of a command at position >= _history_from is in _history (None: unknown)
         self._history_from: int | None = node.replica.executor.applied + 1
@@ -195,7 +194,7 @@ class SchedulerService:
     def _observe(self, command: Any, result: Any, apply_ns: int) -> None:
         """``ReplicatedScheduler.observer``: runs inside apply, so it must never raise."""
         try:
-            self._count_applied(command, result, apply_ns)
+            self.metrics.applied(command, result, apply_ns)
             if command is None:  # a snapshot replaced the state: the history breaks here
                 self._history.clear()
                 self._history_from = None
@@ -218,30 +217,6 @@ class SchedulerService:
                 f._push(events)
         except Exception:  # pragma: no cover - a bug here must not stop the replica
             log.exception("scheduler observer failed")
-
-    def _count_applied(self, command: Any, result: Any, apply_ns: int) -> None:
-        """``SchedulerMetrics.applied`` with the labelled counters looked up once per
-        (op, outcome) rather than once per command (it runs for every command on every
-        replica: prometheus-client's ``labels`` was most of the observer's time)."""
-        if command is None:
-            return  # a restore
-        op = command.get("op") if type(command) is dict else None
-        if type(op) is not str:
-            op = None  # "other", and always hashable
-        if type(result) is dict:
-            outcome = "ok" if result.get("ok") else "waiting" if result.get("waiting") else "error"
-        else:
-            outcome = "error"
-        key = (op, outcome)
-        child = self._applied_children.get(key)
-        if child is None:
-            from store.metrics import OPS
-
-            child = self.metrics.commands.labels(op if op in OPS else "other", outcome)
-            if len(self._applied_children) < 256:  # bounded: unknown ops all map to "other"
-                self._applied_children[key] = child
-        child.inc()
-        self.metrics.apply_seconds.observe(apply_ns / 1e9)
 
     def subscribe(self, after: int | None = None, queue_max: int = FEED_QUEUE_MAX) -> Feed:
         """A ``Feed`` of the events committed from now on, or, with ``after``, of the
