@@ -131,6 +131,12 @@ TLS_VARIANTS = ("plaintext", "tls")
 EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it), on
 FSYNC_VARIANTS = ("thread", "inline")  # --fsync-thread: the old path, the default
 EXEC_VARIANTS = ("apply-first", "send-first")  # --execute-after-send: the old path, the default
+# The comparisons of two `cellar serve` flags: variants and flags, the old path first.
+SERVE_FLAG_PAIRS = {
+    "early": (EARLY_VARIANTS, ("--no-early-send", "--early-send")),
+    "fsync_thread": (FSYNC_VARIANTS, ("--fsync-thread", "--fsync-inline")),
+    "exec_after": (EXEC_VARIANTS, ("--execute-inline", "--execute-after-send")),
+}
 
 
 async def run_tls_bench(protocol: str, replicas: int, sessions: int, seconds: float, warmup: float, rounds: int,
@@ -281,8 +287,10 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
+    chosen_pairs = [name for name, on in (("early", early), ("fsync_thread", fsync_thread),
+                                          ("exec_after", exec_after)) if on]
     if machine == "scheduler":
-        if tls or early or fsync_thread or exec_after:
+        if tls or chosen_pairs:
             raise click.BadParameter("--tls, --early-send, --fsync-thread and --execute-after-send measure the kv "
                                      "machine", param_hint="--tls/--early-send/--fsync-thread/--execute-after-send")
         from bench import scheduler_bench
@@ -306,21 +314,19 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     install_loop()
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
-    if tls + early + fsync_thread + exec_after > 1:
+    if tls + len(chosen_pairs) > 1:
         raise click.BadParameter("one comparison at a time: --tls, --early-send, --fsync-thread or "
                                  "--execute-after-send", param_hint="--early-send")
     if fsync_thread and fsync != "batch":
         raise click.BadParameter("--fsync-thread compares where fsync=batch's fsync runs", param_hint="--fsync")
-    if tls or early or fsync_thread or exec_after:
+    if tls or chosen_pairs:
         if plot_path:
             raise click.BadParameter("--plot draws the protocol comparison only", param_hint="--plot")
         if early and protocol != "sdpaxos":
             raise click.BadParameter("early send is SDPaxos's (--protocol sdpaxos)", param_hint="--protocol")
-        if fsync_thread or early or exec_after:
+        if chosen_pairs:
             # Each variant is a `cellar serve` flag: the old path first, then the new.
-            variants, flags = ((FSYNC_VARIANTS, ("--fsync-thread", "--fsync-inline")) if fsync_thread
-                               else (EXEC_VARIANTS, ("--execute-inline", "--execute-after-send")) if exec_after
-                               else (EARLY_VARIANTS, ("--no-early-send", "--early-send")))
+            variants, flags = SERVE_FLAG_PAIRS[chosen_pairs[0]]
             result = asyncio.run(run_pair_bench(
                 variants, lambda v: {"extra_args": [flags[variants.index(v)]]},
                 protocol, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, say))

@@ -57,6 +57,9 @@ def test_bench_compares_early_send_off_and_on():
     (["--fsync-thread", "--early-send"], "one comparison at a time"),
     (["--fsync-thread", "--fsync", "always"], "where fsync=batch's fsync runs"),
     (["--fsync-thread", "--machine", "scheduler"], "measure the kv machine"),
+    (["--execute-after-send", "--tls"], "one comparison at a time"),
+    (["--execute-after-send", "--fsync-thread"], "one comparison at a time"),
+    (["--execute-after-send", "--machine", "scheduler"], "measure the kv machine"),
 ])
 def test_bench_variant_usage_errors_are_one_line(args, message):
     p = cellar("bench", *args, timeout=60)
