@@ -1241,6 +1241,20 @@ MUTANTS: list[Mutant] = [
         description="a deferred executor that meets a missing C-instance never records it as blocked, so "
                     "it never fetches it and execution stalls for good",
     ),
+    Mutant(
+        name="execution-due-ignores-stale-block",
+        file=SDP,
+        old="""\
+            return self._blocked_on is not None or self._blocked_since != -1 or self._fetching
+""",
+        new="""\
+            return False
+""",
+        rule="docs/runtime.md, execution after send: execution is due when the next slot stopped being "
+             "executable and a blocked executor's state is left to clear, as the immediate path clears it",
+        description="after a view change makes a fast slot unexecutable, a deferred executor keeps its "
+                    "stale block and goes on fetching the command leader's own instance",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -6,8 +6,9 @@ replica had applied it, and on a shared machine the replicas applied one after
 another (issue 11: a 64-command scheduler batch costs about 5 ms to apply).
 
 Each rule has a schedule here that breaks if the rule is taken out (planted as the
-mutants ``execute-before-send``, ``execution-due-never-set`` and
-``execution-due-ignores-blocked`` in tools/mutants.py):
+mutants ``execute-before-send``, ``execution-due-never-set``,
+``execution-due-ignores-blocked`` and ``execution-due-ignores-stale-block`` in
+tools/mutants.py):
 
 1. With defer_execution, the Ready that carries the commit's messages carries no
    execution; the next one, after ``execute()``, carries it (and its answer).
@@ -25,7 +26,7 @@ import dataclasses
 import pytest
 
 from consensus.core.config import ProtocolConfig
-from consensus.core.messages import CCommit
+from consensus.core.messages import CAccept, CCommit
 from consensus.core.multipaxos import MultiPaxosReplica
 from consensus.core.sdpaxos import SDPaxosReplica
 from consensus.sim import Simulation
@@ -103,6 +104,49 @@ def test_nothing_is_due_while_nothing_is_executable():
     reps[0].ready(sync=True)
     assert not reps[0].execute_due
 
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_view_change_clears_a_blocked_executor_as_the_immediate_path_does(defer):
+    """Rule 3's second half (``_would_execute``'s branch for a slot that stopped being
+    executable). N = 5: the command leader's own slot 0 is fast-committed on the
+    sequencer's O-accept (Fig. 5 line 29) while its C-instance still waits for
+    accepts, so the executor blocks on it. A view change makes the fast slot
+    unexecutable (it counted only in its view). The immediate path clears the blocked
+    state at its next ``_execute``; the deferred one must mark execution due for that
+    alone, or the stale block keeps fetching the leader's own instance (planted as
+    ``execution-due-ignores-stale-block``: 2 fetches here)."""
+    from consensus.core.messages import Fetch, OAccept
+
+    me, seq = 1, 0
+    r = SDPaxosReplica(me, ProtocolConfig(n=5, initial_sequencer=seq, defer_execution=defer), KVStateMachine())
+    readys = []
+
+    def drive() -> None:
+        readys.append(r.ready(sync=True))
+        if r.execute_due:
+            r.execute()
+            readys.append(r.ready(sync=True))
+
+    v = r.view
+    r.propose(7, 1, ["put", "k", "v"])
+    drive()
+    r.step(seq, [OAccept(v, 0, [me], True, 0)])
+    drive()
+    assert r.oslots[0].fast and r.oslots[0].durable and r._blocked_on == (me, 0)
+    r._start_election()
+    drive()
+    v2 = r.view
+    put = [[8, 1, ["put", "j", "w"]]]  # any message that runs the executor in the new view
+    r.step(2, [CAccept(v2, 2, 0, r.promised[2], put), CCommit(v2, 2, 0, r.promised[2], True, put)])
+    drive()
+    assert r._blocked_on is None and r._blocked_since == -1 and not r._fetching
+    del readys[:]
+    for _ in range(60):
+        r.tick()
+        drive()
+    fetches = [m for rd in readys for _, msgs in rd.messages for m in msgs if type(m) is Fetch]
+    assert not fetches, fetches
 
 def test_multipaxos_defers_the_same_way():
     for defer in (True, False):
