@@ -454,6 +454,16 @@ async def _digests(endpoints: list[tuple[str, int]], timeout_s: float = 20.0) ->
         await asyncio.sleep(0.2)
 
 
+def node_config_options(node_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``node_options`` (the TOML file's keys, as the served replicas take them) as
+    ``NodeConfig`` fields for the replica in this process (``sequencer`` is
+    ``initial_sequencer`` there)."""
+    from store.server import TOML_SETTINGS
+
+    attr = {key: a for key, a, _ in TOML_SETTINGS}
+    return {attr.get(k, k): v for k, v in (node_options or {}).items()}
+
+
 async def bench_embedded(root: str, config_path: str, *, replicas: int, nodes: int, vcs: int, clients: int,
                          seconds: float, warmup: float, fsync: str, seed: int,
                          progress: Callable[[str], None] | None,
@@ -469,7 +479,7 @@ async def bench_embedded(root: str, config_path: str, *, replicas: int, nodes: i
     peers = {i: ("127.0.0.1", p) for i, p in enumerate(cluster.peer_ports)}
     sched = EmbeddedScheduler(0, peers, cluster.data_dir(0), Path(config_path),
                               client=("127.0.0.1", cluster.client_ports[0]), fsync=fsync,
-                              cluster_id=cluster.cluster_id, **(node_options or {}))
+                              cluster_id=cluster.cluster_id, **node_config_options(node_options))
     try:
         for i in range(1, replicas):
             await cluster.await_ready(i, timeout_s=READY_TIMEOUT_S)

@@ -157,14 +157,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
     host, port = peers[node_id]
     client = parse_address(raw["client"], "client address") if raw.get("client") else (host, port + 100)
     cfg = NodeConfig(node_id=node_id, peers=peers, client_address=client, data_dir=str(raw["data_dir"]))
-    for key, attr, typ in (("protocol", "protocol", str), ("fsync", "fsync", str), ("cluster_id", "cluster_id", str),
-                           ("tick_ms", "tick_ms", float), ("heartbeat_ms", "heartbeat_ms", float),
-                           ("election_ms", "election_ms", float), ("lease_ms", "lease_ms", float),
-                           ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
-                           ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
-                           ("machine", "machine", str), ("clients_max", "clients_max", int),
-                           ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float),
-                           ("straggler_floor_ms", "straggler_floor_ms", float)):
+    for key, attr, typ in TOML_SETTINGS:
         if key in raw:
             try:
                 setattr(cfg, attr, typ(raw[key]))
@@ -233,6 +226,16 @@ def load_hived_config(path: str) -> Any:
 
 
 GC_THRESHOLDS = (10_000, 100, 1000)
+
+# The TOML file's valued settings: (key in the file, NodeConfig attribute, type).
+TOML_SETTINGS = (("protocol", "protocol", str), ("fsync", "fsync", str), ("cluster_id", "cluster_id", str),
+                 ("tick_ms", "tick_ms", float), ("heartbeat_ms", "heartbeat_ms", float),
+                 ("election_ms", "election_ms", float), ("lease_ms", "lease_ms", float),
+                 ("batch_max", "batch_max", int), ("inflight_max", "inflight_max", int),
+                 ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
+                 ("machine", "machine", str), ("clients_max", "clients_max", int),
+                 ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float),
+                 ("straggler_floor_ms", "straggler_floor_ms", float))
 
 
 def tune_gc() -> None:

@@ -67,3 +67,21 @@ def test_workload_releases_each_group_once_and_keeps_the_target():
             released.append(arg)
         assert len(w.live) <= w.live_target
     assert released and len(w.live) + len(released) == len(names)
+
+
+def test_node_options_reach_the_embedded_replica_under_its_config_names():
+    """The served replicas take ``node_options`` through a TOML file; the replica in the
+    bench's own process takes them as NodeConfig fields, so ``sequencer`` (the TOML
+    key) is ``initial_sequencer`` there (it raised TypeError before)."""
+    import dataclasses
+
+    from bench.scheduler_bench import node_config_options
+    from consensus.runtime.node import NodeConfig
+    from store.server import TOML_SETTINGS
+
+    fields = {f.name for f in dataclasses.fields(NodeConfig)}
+    assert all(attr in fields for _key, attr, _typ in TOML_SETTINGS)
+    opts = node_config_options({"sequencer": 1, "fsync_thread": True, "snapshot_every": 0})
+    assert opts == {"initial_sequencer": 1, "fsync_thread": True, "snapshot_every": 0}
+    assert set(opts) <= fields
+    assert node_config_options(None) == {}
