@@ -1255,6 +1255,22 @@ MUTANTS: list[Mutant] = [
         description="after a view change makes a fast slot unexecutable, a deferred executor keeps its "
                     "stale block and goes on fetching the command leader's own instance",
     ),
+    Mutant(
+        name="blocked-tick-ignores-commit",
+        file=SDP,
+        old="""\
+        if c is not None and c.committed:
+            # Committed since we blocked on it: the block is stale until the deferred
+""",
+        new="""\
+        if False:
+            # Committed since we blocked on it: the block is stale until the deferred
+""",
+        rule="docs/runtime.md, execution after send: a blocked executor neither fetches nor recovers a "
+             "C-instance it holds committed while its deferred execution is pending (review 65)",
+        description="between a commit and the deferred execute(), a tick fetches the instance again and may "
+                    "start a C-recovery at a higher ballot of an instance held committed, disrupting its leader",
+    ),
 ]
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -2218,6 +2218,12 @@ class SDPaxosReplica(ReplicaBase):
 
     def _on_blocked_tick(self) -> None:
         leader, inst = self._blocked_on
+        c = self.clog[leader].get(inst)
+        if c is not None and c.committed:
+            # Committed since we blocked on it: the block is stale until the deferred
+            # execute() clears it (defer_execution; the immediate path clears it in the
+            # step that commits). Neither fetch nor recover what we hold (review 65).
+            return
         waited = self.now - self._blocked_since
         if waited > 0 and waited % max(1, self.cfg.resend_ticks // 2) == 0:
             self._fetch_missing()

@@ -604,6 +604,11 @@ class Simulation:
             replica = self.nodes[node]
             while disk.waiting:
                 self._release(node, disk.waiting.popleft())
+            if self._exec_mark[node] is not None:
+                # The Ready with the commits left with the rest; the mark counted records
+                # of the old disk, and later Readys count on the new, shorter one: kept,
+                # it would hold execution back until they left (review 65).
+                self._exec_mark[node] = -1
             if replica.token > replica.durable_token:
                 replica.persisted(replica.token)
                 self._drain(node)

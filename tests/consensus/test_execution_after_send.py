@@ -211,3 +211,74 @@ def test_execution_keeps_up_under_load_with_a_disk_model():
     (off_done, off_lag), (on_done, on_lag) = out[False], out[True]
     assert on_lag <= off_lag + 2, out
     assert on_done >= 0.9 * off_done, out
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_no_fetch_or_recovery_of_an_instance_held_committed(monkeypatch, defer):
+    """Review 65, finding 1: with execution after send a replica stays blocked on a
+    C-instance from its commit until the deferred ``execute()`` (an fsync later). A
+    tick in that window fetched the instance again and could start a C-recovery (a
+    CPrepare at a higher ballot for the command leader's instances) of an instance
+    held committed here; the immediate path clears the block in the step that commits.
+    Swarm seed 8 (N = 5, a 5 ms disk): replica 0 prepared leader 3's instance 6 at
+    t = 627.3 ms holding it committed (planted as ``blocked-tick-ignores-commit``)."""
+    from consensus.core.sdpaxos import SDPaxosReplica as R
+
+    bad = []
+    real_tick, real_crec, real_fetch = R._on_blocked_tick, R._start_crecovery, R._fetch_missing
+    in_tick = [False]
+
+    def held(self, leader, inst):
+        c = self.clog[leader].get(inst)
+        return c is not None and c.committed
+
+    def tick(self):
+        in_tick[0] = True
+        try:
+            real_tick(self)
+        finally:
+            in_tick[0] = False
+
+    def crec(self, leader, from_inst, need, seen_ballot=0):
+        if in_tick[0] and held(self, leader, from_inst):
+            bad.append(("recovery", self.id, leader, from_inst, self.now))
+        return real_crec(self, leader, from_inst, need, seen_ballot)
+
+    def fetch(self):
+        if in_tick[0] and self._blocked_on is not None and held(self, *self._blocked_on):
+            bad.append(("fetch", self.id, *self._blocked_on, self.now))
+        return real_fetch(self)
+
+    monkeypatch.setattr(R, "_on_blocked_tick", tick)
+    monkeypatch.setattr(R, "_start_crecovery", crec)
+    monkeypatch.setattr(R, "_fetch_missing", fetch)
+    Simulation(dataclasses.replace(swarm_config(8), defer_execution=defer)).run()
+    assert not bad, bad
+
+
+def test_a_snapshot_rewrite_leaves_no_stale_execution_mark():
+    """Review 65, finding 2 (the simulator's fidelity to the runtime): the mark counts
+    records of the node's simulated disk; a snapshot rewrites that disk to the live
+    records (shorter) and releases everything waiting, and a mark left as it was held
+    execution back behind later Readys (their records counted on the new disk), the
+    review-62 pattern inside the search. Swarm seed 111, 20 clients per site,
+    snapshots every 50 slots: node 0 executed a sync late. The runtime's WAL seqs never
+    go back."""
+    cfg = dataclasses.replace(swarm_config(111), defer_execution=True, snapshot_every=50, clients_per_site=20,
+                              seconds=1.0)
+    sim = Simulation(cfg)
+    stale = []
+    real = sim._execute_after_send
+
+    def watched(node: int) -> None:
+        r = sim.nodes[node]
+        mark = sim._exec_mark[node]
+        if r is not None and r.execute_due and mark is not None and sim.sim_disks is not None:
+            waiting = sim.sim_disks[node].waiting
+            if mark > len(sim.disks[node]) and waiting and waiting[0][0] <= mark:
+                stale.append((sim.now, node, mark, len(sim.disks[node]), waiting[0][0]))
+        real(node)
+
+    sim._execute_after_send = watched
+    sim.run()
+    assert not stale, stale[:5]
