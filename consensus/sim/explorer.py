@@ -152,6 +152,11 @@ class ExplorerConfig:
     # at ballot b only once a majority accepted it at b or knew it chosen).
     probes: bool = False
     quorum_check: bool = False
+    # Execution after send (ProtocolConfig.defer_execution, docs/runtime.md): a commit
+    # only marks its replica's execution due; the action ``execute r`` runs it, so
+    # deliveries, ticks, drops, crashes and invokes may come between the commit's Ready
+    # and the execution, as in the runtime while that Ready waits for an fsync.
+    execute_after_send: bool = False
 
     def protocol_config(self) -> ProtocolConfig:
         return ProtocolConfig(
@@ -164,6 +169,7 @@ class ExplorerConfig:
             thrifty=self.thrifty,
             straggler_window_ticks=1 << 60,  # off: see the module docstring
             measure_rtt=False,  # the walk picks every delivery: no round trip to measure
+            defer_execution=self.execute_after_send,
         )
 
     def commands(self) -> list[tuple[int, list]]:
@@ -325,6 +331,14 @@ class World:
         self.dcache: list[bytes | None] = [None] * n  # per-replica digest
         self.scache: list[tuple | None] = [None] * n  # per-replica (exec_slot, state)
         self.where = ""  # "" while exploring, "stabilize" after
+        # execute_after_send: replica r's execute_due after its last Ready was carried
+        # out (the ``execute r`` action is enabled); read without unpickling it.
+        self.due = [False] * n
+        self.due_step = [0] * n  # statistics only: the step at which it became due
+        self.exec_lag = 0  # statistics only: actions from the commit to the last ``execute``
+        # Warm-up and stabilization run execution after send as the runtime does, at
+        # once after each Ready (no ``execute`` actions there).
+        self.settling = False
         # Oracles' ghost state (``probes``, ``quorum_check``).
         self.id_slot: dict[tuple, int] = {}  # command id -> the slot that executed it
         self.cacc: dict[tuple, int] = {}  # (leader, inst, ballot) -> mask of replicas with a C record at it
@@ -336,11 +350,13 @@ class World:
     @classmethod
     def initial(cls, cfg: ExplorerConfig) -> "World":
         w = cls(cfg)
+        w.settling = True
         for r in range(w.n):
             w._start(r)
         for _ in range(cfg.warmup_ticks):
             w._tick()
             w._deliver_all()
+        w.settling = False
         w.step = 0
         w._check_all()
         return w
@@ -349,7 +365,11 @@ class World:
         self.incarnation[r] += 1
         records = [msgpack.unpackb(b, raw=False, strict_map_key=False) for b in self.disks[r]]
         rng = ExplorerRandom(self.cfg.seed * 1_000_003 + r * 7919 + self.incarnation[r])
-        self.reps[r] = self.cls(r, self.pcfg, self.new_machine(), records=records or None, rng=rng)
+        replica = self.reps[r] = self.cls(r, self.pcfg, self.new_machine(), records=records or None, rng=rng)
+        if replica.execute_due:
+            # execute_after_send: the replayed log is executed before anything is sent,
+            # as the runtime's Node.open does (and the immediate path, in the constructor).
+            replica.execute()
         self.dcache[r] = None
         self.scache[r] = None
         self._drain(r)
@@ -395,6 +415,8 @@ class World:
         w.chosen = dict(self.chosen)
         w.dcache = list(self.dcache)
         w.scache = list(self.scache)
+        w.due = list(self.due)
+        w.due_step = list(self.due_step)
         w.id_slot = dict(self.id_slot)
         w.cacc = dict(self.cacc)
         w.clast = dict(self.clast)
@@ -428,6 +450,16 @@ class World:
             if self.cfg.probes:
                 for cid in entry[1]:
                     self.id_slot.setdefault(cid, ex.slot)
+        # execute_after_send: this Ready is carried out (persisted, sent, answered), so
+        # what it committed may execute now: the ``execute r`` action, or at once while
+        # settling (warm-up, stabilization: the runtime's execution after send).
+        due = replica.execute_due
+        if due and not self.due[r]:
+            self.due_step[r] = self.step
+        self.due[r] = due
+        if due and self.settling:
+            replica.execute()
+            self._drain(r)
 
     def _quorum_records(self, r: int, records: list) -> None:
         """The quorum invariant, as each record is persisted: replica ``r`` commits
@@ -533,6 +565,9 @@ class World:
             items.append((src, dst, _hash(data)))
         for src, dst, h in items:
             out.append(("deliver", src, dst, h))
+        for r in range(self.n):
+            if self.due[r] and self.reps[r] is not None:
+                out.append(("execute", r))
         for k, st in enumerate(self.cstate):
             if st[0] == "new" and self.live(st[1]):
                 out.append(("invoke", k))
@@ -565,6 +600,11 @@ class World:
             r = action[2] if name == "retry" else self.cstate[action[1]][1] if name == "invoke" else action[1]
             if not 0 <= r < self.n or (self.reps[r] is None) != (name == "restart"):
                 raise ReplayError(f"action {list(action)} does not fit: replica {r} is {'down' if self.reps[r] is None else 'up'}")
+        elif name == "execute":
+            r = action[1]
+            if not 0 <= r < self.n or self.reps[r] is None or not self.due[r]:
+                raise ReplayError(f"action {list(action)} does not fit: replica {r} is "
+                                  f"{'down' if 0 <= r < self.n and self.reps[r] is None else 'not due to execute'}")
         elif name not in ("tick", "stabilize"):
             raise ReplayError(f"unknown action {list(action)}")
         self.step += 1
@@ -586,6 +626,12 @@ class World:
                 self.ticks += 1
                 self._tick()
                 self._check_all()
+            elif name == "execute":
+                self.exec_lag = self.step - self.due_step[action[1]]
+                replica = self.rep(action[1])
+                replica.execute()
+                self._drain(action[1])
+                self._check(action[1])
             elif name == "invoke":
                 k = action[1]
                 self._invoke(k, self.cstate[k][1])
@@ -650,6 +696,7 @@ class World:
         self.reps[r] = None
         self.dcache[r] = None
         self.scache[r] = None
+        self.due[r] = False  # committed, not executed: the restart executes it from the log
         self.net = [it for it in self.net if it[1] != r]  # in flight to it: lost
 
     def _deliver_all(self, cap: int = 20_000) -> None:
@@ -726,7 +773,7 @@ class World:
             h.update(b"%d>%d:" % (item[0], item[1]))
             h.update(hashlib.blake2b(item[2], digest_size=16).digest())
         rest = [
-            self.crashes, self.drops, self.dups, [list(c[:4]) for c in self.cstate],
+            self.crashes, self.drops, self.dups, [list(c[:4]) for c in self.cstate], list(self.due),
             [[e[1], e[2], e[3]] for e in self.events],
             sorted([k, list(v) if type(v) is tuple else v] for k, v in self.exec_map.items()),
             sorted(([list(k), canon(v)] for k, v in self.chosen.items()), key=repr),
@@ -741,7 +788,7 @@ class World:
             return False
         live = [r for r in range(self.n) if self.reps[r] is not None]
         reps = [self.rep(r) for r in live]
-        if not all(rep.idle() for rep in reps):
+        if not all(rep.idle() and not rep.execute_due for rep in reps):
             return False
         if len({rep.exec_slot for rep in reps}) > 1:
             return False
@@ -763,6 +810,13 @@ class World:
         """Heal: restart the crashed, invoke the rest, deliver everything in order and
         tick (clients resend after a timeout) until quiet. True if it went quiet."""
         self.where = "stabilize"
+        self.settling = True  # execution after send: at once after each Ready from now on
+        for r in range(self.n):
+            if self.due[r] and self.reps[r] is not None:
+                self.step += 1
+                self.rep(r).execute()
+                self._drain(r)
+                self._check(r)
         for r in range(self.n):
             if self.reps[r] is None:
                 self._start(r)
@@ -941,7 +995,7 @@ def _show_action(action: tuple | list) -> str:
     name = action[0]
     if name in ("deliver", "drop", "dup"):
         return f"{name} R{action[1]}->R{action[2]} #{action[3]}"
-    if name in ("crash", "restart"):
+    if name in ("crash", "restart", "execute"):
         return f"{name} R{action[1]}"
     if name == "invoke":
         return f"invoke c{action[1]}"
@@ -970,6 +1024,10 @@ class Result:
     violation: dict | None = None
     unknown_lin: int = 0
     liveness_failures: int = 0
+    # execute_after_send: ``execute`` actions applied, and those applied after other
+    # actions came between the commit and the execution (a lag above one action).
+    executes: int = 0
+    executes_late: int = 0
     by_depth: dict = field(default_factory=dict)
 
     @property
@@ -980,6 +1038,12 @@ class Result:
         out = dataclasses.asdict(self)
         out["states_per_s"] = self.states_per_s
         return out
+
+
+def _count_execute(result: "Result", world: World) -> None:
+    result.executes += 1
+    if world.exec_lag > 1:
+        result.executes_late += 1
 
 
 def _trace_list(node: tuple | None) -> list:
@@ -1052,6 +1116,8 @@ def explore(
                 result.violation = _violation_entry(v, _trace_list(node), child)
                 stopped = True
                 break
+            if action[0] == "execute":
+                _count_execute(result, child)
             dg = child.digest()
             prev = visited.get(dg)
             if prev is not None and prev <= d + 1:
@@ -1140,7 +1206,7 @@ def _walk_profile(rng: random.Random, cfg: ExplorerConfig, length: int) -> dict:
         span = rng.choice((3, 6, 10, 20, 40))
         phases.append((at, at + span, _connectivity(rng, cfg.replicas)))
         at += span
-    return {
+    prof = {
         "tick": rng.choice((0.05, 0.1, 0.2, 0.3)),
         "invoke": rng.choice((0.02, 0.05, 0.15)),
         "drop": rng.choice((0.0, 0.02, 0.08)),
@@ -1151,6 +1217,23 @@ def _walk_profile(rng: random.Random, cfg: ExplorerConfig, length: int) -> dict:
         "fifo": rng.choice((0.0, 0.5, 0.9)),
         "phases": phases,
     }
+    if cfg.execute_after_send:
+        # Per step, the chance that a replica due to execute does so now: the runtime
+        # executes right after the commits' Ready leaves, or an fsync later, so mostly
+        # within an action or two; the low rates leave room for steps, ticks and crashes
+        # between commit and execution. (Drawn last, and only with the option: walks
+        # without it draw exactly what they did before.)
+        prof["execute"] = rng.choice((0.1, 0.3, 0.6, 0.9))
+    return prof
+
+
+def _pick_execute(rng: random.Random, world: World, prof: dict) -> tuple | None:
+    """execute_after_send: ``execute r`` for a replica due to, at the profile's rate
+    (no draw at all while no replica is due: walks without the option are unchanged)."""
+    due = [x for x in range(world.n) if world.due[x] and world.reps[x] is not None]
+    if due and rng.random() < prof.get("execute", 1.0):
+        return ("execute", due[0] if len(due) == 1 else rng.choice(due))
+    return None
 
 
 def _pick(rng: random.Random, world: World, prof: dict, step: int) -> tuple | None:
@@ -1166,6 +1249,9 @@ def _pick(rng: random.Random, world: World, prof: dict, step: int) -> tuple | No
         (blocked if (it[0], it[1]) in cut else deliverable).append(it)
     new = [k for k, st in enumerate(world.cstate) if st[0] == "new" and world.live(st[1])]
     down = [x for x in range(world.n) if world.reps[x] is None]
+    act = _pick_execute(rng, world, prof)
+    if act is not None:
+        return act
     if new and rng.random() < prof["invoke"]:
         return ("invoke", rng.choice(new))
     if down and rng.random() < prof["restart"]:
@@ -1233,6 +1319,8 @@ def random_walks(
                 trace.append(list(action))
                 result.transitions += 1
                 world.apply(action)
+                if action[0] == "execute":
+                    _count_execute(result, world)
                 result.states += 1
             result.depth_reached = max(result.depth_reached, len(trace))
             if cfg.stabilize != "none":
@@ -1334,6 +1422,8 @@ def guided(
                 trace.append(list(action))
                 result.transitions += 1
                 world.apply(action)
+                if action[0] == "execute":
+                    _count_execute(result, world)
                 sig = signature(world)
                 if sig not in seen:
                     seen.add(sig)
@@ -1604,6 +1694,9 @@ def _spick(rng: random.Random, world: World, prof: dict, step: int) -> tuple | N
             deliverable.append(it)
     new = [k for k, st in enumerate(world.cstate) if st[0] == "new" and world.live(st[1])]
     down = [x for x in range(world.n) if world.reps[x] is None]
+    act = _pick_execute(rng, world, prof)
+    if act is not None:
+        return act
     if new and rng.random() < prof["invoke"]:
         return ("invoke", rng.choice(new))
     if down and rng.random() < prof["restart"]:
@@ -1684,6 +1777,8 @@ def steered_walks(
                 trace.append(list(action))
                 result.transitions += 1
                 world.apply(action)
+                if action[0] == "execute":
+                    _count_execute(result, world)
                 result.states += 1
                 for sig in walk_signals(world):
                     if sig not in seen and sig not in firsts:
@@ -1855,6 +1950,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--branches", type=int, default=8, help="steered walks: continuations from each walk's rarest state (8)")
     p.add_argument("--probes", action="store_true", help="check probe reads (lease reads a sequencer would answer now) after every action")
     p.add_argument("--quorum-check", action="store_true", help="check each C-commit against the durable accept records")
+    p.add_argument("--execute-after-send", action="store_true",
+                   help="replicas defer execution (ProtocolConfig.defer_execution); 'execute r' becomes an action")
     p.add_argument("--crashes", type=int, default=1, help="at most this many crashes per trace")
     p.add_argument("--drops", type=int, default=2, help="at most this many dropped messages per trace")
     p.add_argument("--dups", type=int, default=1, help="at most this many duplicated deliveries per trace")
@@ -1901,7 +1998,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol=args.protocol, replicas=args.replicas, workload=args.workload, max_crashes=args.crashes,
             max_drops=args.drops, max_dups=args.dups, max_ticks=args.max_ticks, warmup_ticks=args.warmup_ticks,
             granularity=args.granularity, stabilize=args.stabilize, check_liveness=not args.no_liveness,
-            probes=args.probes, quorum_check=args.quorum_check, **kw,
+            probes=args.probes, quorum_check=args.quorum_check, execute_after_send=args.execute_after_send, **kw,
         )
         cfg.commands()
     except ValueError as exc:
@@ -1921,7 +2018,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res = random_walks(cfg, args.walks, args.depth, seed=seed, budget_s=args.budget_seconds, progress=echo_err, first=args.first_walk)
     else:
-        echo_err(f"explore {args.strategy} depth={args.depth} budget={args.budget_states} states protocol={cfg.protocol} replicas={cfg.replicas} workload={cfg.workload}")
+        echo_err(f"explore {args.strategy} depth={args.depth} budget={args.budget_states} states protocol={cfg.protocol} replicas={cfg.replicas} workload={cfg.workload}"
+                 + (" execute-after-send" if cfg.execute_after_send else ""))
         prefix = None
         if args.prefix:
             path, _, count = args.prefix.partition(":")
