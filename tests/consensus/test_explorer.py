@@ -36,9 +36,10 @@ def test_seeded_walks_n5(protocol):
     assert res.walks == 40 and res.leaves == 40
 
 
-def _walk_trace(cfg, seed, depth):
+def _walk_trace(cfg, seed, depth, every=7, on_step=None):
     """The actions of walk 0 of ``seed`` (as ``random_walks`` picks them) and the
-    digest of the state they lead to, run on pickled clones as the search does."""
+    digest of the state they lead to, run on pickled clones as the search does (every
+    ``every`` steps); ``on_step(action, world)`` after each action."""
     import random
 
     wcfg = ex.ExplorerConfig.from_json({**cfg.to_json(), "max_drops": 1 << 30, "max_dups": 1 << 30})
@@ -52,7 +53,9 @@ def _walk_trace(cfg, seed, depth):
             break
         trace.append(list(action))
         world.apply(action)
-        if step % 7 == 0:
+        if on_step is not None:
+            on_step(action, world)
+        if step % every == 0:
             world = world.clone()  # branch through pickles now and then
     return wcfg, trace, world.digest()
 

@@ -67,12 +67,16 @@ def _explorer(copy: Path, args: list[str]) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("name,seed,args,walks,kind", FINDS, ids=[getattr(f, "values", f)[0] for f in FINDS])
-def test_steered_walks_find_the_replanted_bug(tmp_path, name, seed, args, walks, kind):
+def refind(tmp_path: Path, name: str, seed: int, args: list[str], walks: int, kind: str) -> tuple[dict, dict]:
+    """Plant mutant ``name`` in a copy, find it with the steered walks of ``seed``,
+    replay the saved trace there, and check the unmutated core neither fails on the
+    trace nor finds anything in the same search. The search's JSON result and the
+    saved trace."""
     copy = _copy_with(tmp_path / "copy", M.BY_NAME[name])
     trace = tmp_path / "trace.json"
     code, out = _explorer(copy, ["--json", "--quiet", "--seed", str(seed), "--walks", str(walks), "--save-trace", str(trace), *args])
     assert code == 1, f"{name}: not found in {walks} walks from seed {seed}\n{out}"
+    res = json.loads(out.splitlines()[0])
     saved = json.loads(trace.read_text())
     assert saved["violation"]["kind"] == kind, saved["violation"]
     # The saved trace replays to the same violation in the copy ...
@@ -89,6 +93,12 @@ def test_steered_walks_find_the_replanted_bug(tmp_path, name, seed, args, walks,
         pass  # the planted bug changed the messages: the trace does not fit unmutated
     clean = ex.steered_walks(cfg, walks=walks, depth=150, seed=seed)
     assert clean.violation is None, f"unmutated: {clean.violation['kind']}: {clean.violation['detail']}"
+    return res, saved
+
+
+@pytest.mark.parametrize("name,seed,args,walks,kind", FINDS, ids=[getattr(f, "values", f)[0] for f in FINDS])
+def test_steered_walks_find_the_replanted_bug(tmp_path, name, seed, args, walks, kind):
+    refind(tmp_path, name, seed, args, walks, kind)
 
 
 # N=3 under -m slow (about 5 s): the default suite keeps the N=5 walks, and the N=3
