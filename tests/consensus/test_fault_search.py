@@ -13,7 +13,8 @@ prefix of one sequence, per-slot agreement, lost_acked == 0, duplicated == 0,
 wrong_results == 0, a linearizable history, and every command completed after the
 heal. A failure prints ``SEED=``, the exact ``SimConfig`` and a replay command.
 
-- Default suite: seeds ``SMOKE_SEEDS`` (the same every run; about 30 s on one core).
+- Default suite: seeds ``SMOKE_SEEDS`` (the same every run; about 30 s on one core);
+  ``SLOW_SEEDS`` under ``-m slow``.
 - Long campaign, new seeds each time (the first is printed; ``CELLAR_SEARCH_SEED``
   replays a campaign)::
 
@@ -81,10 +82,13 @@ def fault_runs(
 
 # --- the swarm: fixed seeds by default ---------------------------------------------------
 
-SMOKE_SEEDS = range(200)
+SMOKE_SEEDS = range(100)
+# Seeds 100-199 ran in the default suite too until the suite outgrew its 5-minute budget
+# on 2 cores (2026-11-27: they were 38 s of 68): -m slow runs them, ids unchanged.
+SLOW_SEEDS = range(100, 200)
 
 
-@pytest.mark.parametrize("seed", SMOKE_SEEDS)
+@pytest.mark.parametrize("seed", [*SMOKE_SEEDS, *(pytest.param(s, marks=pytest.mark.slow) for s in SLOW_SEEDS)])
 def test_swarm_seed_is_safe_and_live(seed):
     cfg = swarm_config(seed)
     result = judge(cfg)

@@ -69,7 +69,7 @@ def test_one_byte_at_a_time():
     assert out == MESSAGES and dec.buffered_bytes == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     msgs=st.lists(
         st.recursive(

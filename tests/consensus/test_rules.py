@@ -9,7 +9,7 @@ from consensus.core.rules import fig7, fig7_fill, pick_highest, ready_limit
 entry = st.tuples(st.integers(0, 5), st.integers(0, 9), st.integers(0, 3), st.booleans())
 
 
-@settings(max_examples=300, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.lists(st.lists(entry, max_size=6), min_size=1, max_size=5))
 def test_pick_highest_prefers_committed_then_the_highest_ballot(reports):
     # A committed value is the chosen one: every report of a committed instance agrees.

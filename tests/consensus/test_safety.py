@@ -38,7 +38,7 @@ def schedules(draw):
 
 
 # CELLAR_SIM_EXAMPLES=5000 pytest tests/consensus/test_safety.py runs a long campaign.
-EXAMPLES = int(os.environ.get("CELLAR_SIM_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("CELLAR_SIM_EXAMPLES", "30"))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -58,7 +58,7 @@ def test_compacted_notice_round_trips():
 
 
 def test_take_snapshot_meta_and_identical_state_across_replicas():
-    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.3, seed=5, snapshot_every=7)).run()
+    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.15, seed=5, snapshot_every=7)).run()
     assert_safe(sim)
     assert sim.quiet()
     snaps = [r.take_snapshot() for r in sim.nodes]
@@ -81,7 +81,7 @@ def test_multipaxos_ignores_snapshot_every():
 
 
 def test_install_snapshot_refuses_an_older_point():
-    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.2, seed=4, snapshot_every=10)).run()
+    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.1, seed=4, snapshot_every=10)).run()
     replica = sim.nodes[1]
     meta, state = sim.snaps[0]
     assert meta["slot"] <= replica.exec_slot
@@ -236,7 +236,7 @@ def test_candidate_behind_a_voters_floor_gets_no_vote(seed, every):
 def test_compacted_cprepare_and_fetch_are_answered_with_a_notice():
     """Core level: below the floor, CPrepare gets no promise and Fetch no commit."""
     cfg = ProtocolConfig(n=3)
-    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.2, seed=9, snapshot_every=4)).run()
+    sim = Simulation(SimConfig(replicas=3, rtt="lan", seconds=0.1, seed=9, snapshot_every=4)).run()
     a = sim.nodes[0]
     leader = max(range(3), key=lambda l: a.floor_inst[l])
     assert a.floor_inst[leader] > 0

@@ -17,7 +17,7 @@ from jepsen_like.models import KV, CASRegister, Model, Register
 
 MODELS: dict[str, Model] = {"register": Register(), "cas-register": CASRegister(), "kv": KV()}
 READS = ("read", "get")
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

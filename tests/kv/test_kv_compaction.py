@@ -39,7 +39,7 @@ def _command(o, m: KVStateMachine):
     return {"op": "compact", "revision": max(1, m.rev - o[1])}
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.lists(op, max_size=120), st.integers(1, 4), st.integers(1, 4))
 def test_compaction_a_step_at_a_time_keeps_reads_and_replicas_identical(ops, retain, step):
     saved = K.HISTORY_RETAIN, K.COMPACT_STEP

@@ -209,7 +209,7 @@ leases = st.one_of(
 )
 all_ops = st.lists(st.one_of(puts, deletes, ranges, txns, legacy, compacts, leases, leases), max_size=50)
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def absolute(op, rev):

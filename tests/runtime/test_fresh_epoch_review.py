@@ -254,10 +254,15 @@ async def test_under_tls_a_base_is_taken_only_from_a_member_node(tmp_path):
         # No certificate at all: the notice; the forged base comes from the client cert.
         await membership.ask(("127.0.0.1", client), ["epoch_notice", 1, ["127.0.0.1", fake_base]], ssl=ctx)
         stored = data / "epochs" / "1" / "BASE"
+        # Until the joiner has refused the forged base three times (it asks every 0.2 s),
+        # or stored it, within the same 6 s as before.
+        refusals = 0
         deadline = time.monotonic() + 6
-        while not stored.exists() and time.monotonic() < deadline:
+        while not stored.exists() and refusals < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+            refusals = (tmp_path / "join-3.log").read_text().count(f"no base from 127.0.0.1:{fake_base}")
         assert not stored.exists(), "the joiner stored a base served under the client certificate"
+        assert refusals >= 3, open(tmp_path / "join-3.log").read()[-800:]
     finally:
         stop_processes([proc], timeout_s=15)
         log.close()

@@ -511,7 +511,7 @@ def model(profile: Profile) -> type[RuleBasedStateMachine]:
 
 
 SHORT = settings(
-    max_examples=20, stateful_step_count=40, deadline=None, derandomize=True,
+    max_examples=10, stateful_step_count=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 LONG = settings(

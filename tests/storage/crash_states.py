@@ -45,6 +45,7 @@ ext4-tagged and process-crash states among them, and failures (exit status 1 if 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
@@ -181,8 +182,10 @@ def recording(rec: Recorder) -> Iterator[None]:
 # --- the store under test, driven like node.py drives it --------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def item(i: int) -> bytes:
-    """Item i (1-based): the same value in every run, 40..400 bytes."""
+    """Item i (1-based): the same value in every run, 40..400 bytes (cached: every
+    recovered state compares each item it brings back with this)."""
     n = 40 + (i * 131) % 360
     return (hashlib.sha256(str(i).encode()).digest() * (n // 32 + 1))[:n]
 
