@@ -195,12 +195,14 @@ async def _propose(addresses: list, members: list[str], sequencer: str, epoch: i
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-async def _check_joiners(add: list[str], cluster_id: str | None, timeout_s: float) -> None:
+async def _check_joiners(add: list[str], cluster_id: str | None, timeout_s: float, wait_s: float) -> None:
     """Each member to add must be waiting to join (``cellar serve --join``: its client
-    port answers ``joining``) under its name and peer address, for this cluster."""
+    port answers ``joining``) under its name and peer address, for this cluster. One
+    just started may not listen yet: a newcomer that does not answer is asked again for
+    10 s, or ``--wait`` if that is shorter."""
     from consensus.runtime.membership import client_of, parse_member
 
-    deadline = time.monotonic() + max(timeout_s, 10.0)  # one just started may not listen yet
+    deadline = time.monotonic() + min(max(timeout_s, 10.0), wait_s)
     for entry in add:
         name, host, port = parse_member(entry)
         addr = client_of(entry)
@@ -312,7 +314,7 @@ async def _change(endpoints: str, timeout_s: float, wait_s: float, add: list[str
     else:
         sequencer = next(m for m in new if m.partition("=")[0] == sequencer.partition("=")[0])
     ids = {a.get("cluster_id") for a in answers if "error" not in a and a.get("epoch") == epoch}
-    await _check_joiners(add, ids.pop() if len(ids) == 1 else None, timeout_s)
+    await _check_joiners(add, ids.pop() if len(ids) == 1 else None, timeout_s, wait_s)
     return await _propose(addresses, new, sequencer, epoch, timeout_s, wait_s, tuple(add))
 
 
@@ -320,7 +322,8 @@ _CLIENT_OF = click.option("--client-of", "client_of", multiple=True, metavar="NA
                           help="The client address of a member that stays but does not answer now (repeatable).")
 
 _WAIT = click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
-                     help="Seconds to wait until a majority of the new members serve the next epoch.")
+                     help="Seconds to wait until a majority of the new members serve the next epoch (and, "
+                     "at most 10 of them, for a newcomer to answer).")
 
 
 @member.command("add")

@@ -371,8 +371,9 @@ async def test_bad_membership_input_gives_one_line_and_changes_nothing(cluster, 
         "not running": (["member", "add", x, y, "--endpoints", e], "does not answer"),
         "multipaxos": (["member", "add", x, y, "--endpoints", endpoints(mp.client_addresses)], "multipaxos"),
     }
-    for what, (args, needle) in cases.items():
-        p = await asyncio.to_thread(cli, *args, "--wait", "2")
+    # All at once: each is refused before anything is proposed, whatever the others do.
+    runs = await asyncio.gather(*(asyncio.to_thread(cli, *args, "--wait", "2") for args, _ in cases.values()))
+    for (what, (args, needle)), p in zip(cases.items(), runs):
         assert p.returncode != 0 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (what, p.stderr)
     async with CellarClient(c.client_addresses, timeout_s=3.0) as cellar:
         members = (await cellar.call_once(0, clientwire.ADMIN, "review", 1, ["epoch"]))["members"]

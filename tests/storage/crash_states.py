@@ -801,9 +801,10 @@ def _all_crash_points(name: str, workdir: str) -> list[int]:
 
 def short_run(workdir: str) -> list[Figures]:
     """The default suite's version: every scenario, every crash point, every page
-    variant, and a process crash injected before every 8th operation (every
-    operation in the full run)."""
-    return [explore(name, full=True, workdir=workdir, crash_ats=_all_crash_points(name, workdir)[::8])
+    variant, and a process crash injected before every 16th operation (every
+    operation in the full run; every 8th until 2026-11-27: 8,768 distinct states in
+    25 s, now 5,248 in 13 s)."""
+    return [explore(name, full=True, workdir=workdir, crash_ats=_all_crash_points(name, workdir)[::16])
             for name in SCENARIOS]
 
 
