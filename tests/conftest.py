@@ -17,12 +17,12 @@ def _cache_bytecode_outside_the_tree() -> None:
     0.15 s of CPU each, ~9 % of the suite on 2 cores. Cache the bytecode under the temp
     dir instead (``PYTHONPYCACHEPREFIX``: nothing is written in the tree), for this
     process and every process it starts. ``CELLAR_TEST_PYCACHE=0`` leaves the
-    environment as it is, and so does a tree copied under the temp dir (tools/mutate.py's
-    mutated copies, each compiled once)."""
+    environment as it is (tools/mutate.py's runs of mutated copies set it). A clone
+    under the temp dir is cached too: until 2026-11-27 night it was not, and the suite in
+    a fresh clone in /tmp took about 880 s of CPU, against 570 s elsewhere."""
     tmp = os.path.realpath(tempfile.gettempdir())
     if (not sys.flags.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX")
-            or os.environ.get("CELLAR_TEST_PYCACHE") == "0"
-            or os.path.realpath(__file__).startswith(tmp + os.sep)):
+            or os.environ.get("CELLAR_TEST_PYCACHE") == "0"):
         return
     prefix = os.path.join(tmp, f"cellar-test-pycache-{os.getuid()}")
     os.environ["PYTHONPYCACHEPREFIX"] = prefix

@@ -167,6 +167,7 @@ def run_suite(copy: Path, suite: str, seed: int, timeout_s: float, keep_going: b
     env = dict(os.environ)
     env["PYTHONPATH"] = str(copy)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["CELLAR_TEST_PYCACHE"] = "0"  # no bytecode cache for a copy compiled once (tests/conftest.py)
     env.update(SUITES[suite])
     # Hypothesis draws from --hypothesis-seed only when not derandomized (tests/conftest.py's
     # default "ci" profile is): each run explores its own seed.

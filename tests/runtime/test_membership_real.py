@@ -286,7 +286,15 @@ async def test_with_tls_only_the_admin_certificate_changes_the_members_and_newco
                 await s.put(f"k{i}", f"v{i}")
             for i in range(5):
                 assert await cellar.session(node=(i + 2) % 5).get(f"k{i}") == f"v{i}"
-            sts = await cellar.statuses(digest=False)
+            # Every write above needed only a majority: a pair of members may still be
+            # dialling each other (under TLS a dial refused before the other side took
+            # epoch 1 backs off up to 2 s). Wait, bounded, for the full mesh.
+            deadline = time.monotonic() + STEP_S
+            while True:
+                sts = await cellar.statuses(digest=False)
+                if all(len(st.get("connected", ())) == 4 for st in sts) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
         assert {st.get("epoch") for st in sts} == {1}, sts
         assert all(len(st["connected"]) == 4 for st in sts), [st.get("connected") for st in sts]
     finally:
