@@ -916,7 +916,9 @@ class LocalCluster:
 
 
 def free_ports_on(hosts: list[str], count: int, tries: int = 200) -> list[int]:
-    """``count`` port numbers free on every one of ``hosts`` at once."""
+    """``count`` consecutive port numbers free on every one of ``hosts`` at once, from
+    20000-30000: below the ephemeral range (Linux: 32768 and up), so no outgoing
+    connection takes one while a node is down."""
     import random
     import socket
 
@@ -939,41 +941,12 @@ def free_ports_on(hosts: list[str], count: int, tries: int = 200) -> list[int]:
     raise RuntimeError(f"no {count} ports free on all of {', '.join(hosts)}")
 
 
-def _ephemeral_low() -> int:
-    """The first port the kernel hands out for outgoing connections (Linux's
-    ip_local_port_range; 32768 by default)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(count: int, tries: int = 400) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now, chosen at random *below* the
-    ephemeral range: a port the kernel handed out would do as well for the first
-    bind, but a node restarted later on it could find it taken by some outgoing
-    connection's local end (a suite run on 3 workers failed that way, 2026-11-27)."""
-    import random
-    import socket
-
-    hi = min(_ephemeral_low(), 65536)
-    lo = max(1024, min(10000, hi - 4 * count - 1000))
-    rng = random.Random()
-    ports: list[int] = []
-    for _ in range(tries):
-        port = rng.randrange(lo, hi)
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise RuntimeError(f"no {count} free ports below {hi} on 127.0.0.1")
+def free_ports(count: int) -> list[int]:
+    """``count`` ports free on 127.0.0.1 now (``free_ports_on``: below the ephemeral
+    range). Not ports the kernel hands out: a node restarted later on one could find it
+    taken by some outgoing connection's local end (a suite run on 3 workers failed that
+    way, 2026-11-27)."""
+    return free_ports_on(["127.0.0.1"], count)
 
 
 @click.command("up")
