@@ -196,7 +196,11 @@ def _print_table(result: dict) -> None:
 @click.option("--save", is_flag=True, help="Record failures in tests/testdata/fault_regressions.json.")
 @click.option("--stop", is_flag=True, help="Stop at the first failure.")
 @click.option("--reconfig", is_flag=True, help="Every run also closes its epoch with a membership change (docs/membership.md).")
-def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool, reconfig: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (the seeds, every failure with its replay command) on stdout; "
+                   "progress goes to stderr.")
+def search_command(examples: int, seed: int | None, replay: int | None, save: bool, stop: bool, reconfig: bool,
+                   as_json: bool) -> None:
     """Swarm fault search: each seed draws a cluster, network, disk, workload (puts,
     lease reads, CAS) and fault schedule; the run must be safe, linearizable and live."""
     import time
@@ -208,16 +212,36 @@ def search_command(examples: int, seed: int | None, replay: int | None, save: bo
         result = judge(cfg)
         keys = ("failures", "lost_acked", "duplicated", "wrong_results", "linearizable", "view_changes", "committed",
                 "epoch_end", "past_end")
-        click.echo(json.dumps({k: result.get(k) for k in keys}))
-        click.echo(replay_hint(replay, cfg))
+        if as_json:
+            click.echo(json.dumps({"seed": replay, **{k: result.get(k) for k in keys},
+                                   "replay": f"cellar sim search --replay {replay}" + (" --reconfig" if reconfig else ""),
+                                   "config": repr(cfg)}))
+        else:
+            click.echo(json.dumps({k: result.get(k) for k in keys}))
+            click.echo(replay_hint(replay, cfg))
         sys.exit(1 if result["failures"] else 0)
     first = seed if seed is not None else int(time.time())
-    click.echo(f"SEED={first} examples={examples}")
+
+    def say(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    say(f"SEED={first} examples={examples}")
     started = time.monotonic()
-    found = search(range(first, first + examples), echo=click.echo, stop_on_failure=stop, reconfig=reconfig)
-    if save and found:
-        click.echo(f"saved {save_regressions(found)} new regression case(s) to {REGRESSIONS}")
-    click.echo(f"seeds {first}..{first + examples - 1}: {len(found)} failure(s) in {time.monotonic() - started:.0f} s")
+    found = search(range(first, first + examples), echo=say, stop_on_failure=stop, reconfig=reconfig)
+    saved = save_regressions(found) if save and found else 0
+    if saved:
+        say(f"saved {saved} new regression case(s) to {REGRESSIONS}")
+    seconds = round(time.monotonic() - started, 1)
+    if as_json:
+        click.echo(json.dumps({
+            "first": first, "examples": examples, "reconfig": reconfig, "seconds": seconds,
+            "failures": [{"seed": f["seed"], "failures": f["failures"],
+                          "replay": f"cellar sim search --replay {f['seed']}" + (" --reconfig" if reconfig else "")}
+                         for f in found],
+            "saved": saved,
+        }))
+    else:
+        click.echo(f"seeds {first}..{first + examples - 1}: {len(found)} failure(s) in {seconds:.0f} s")
     sys.exit(1 if found else 0)
 
 

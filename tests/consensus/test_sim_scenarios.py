@@ -96,3 +96,16 @@ def test_cli_reports_safety_view_changes_and_stall_as_json(name):
     assert result["agreement"] is True
     assert isinstance(result["view_changes"], int) and result["stall_ms"] >= 0
     assert set(result["stall_ms_by_site"]) == {"CA", "OR", "OH"}
+
+
+def test_search_prints_one_json_object_and_progress_on_stderr():
+    out = CliRunner().invoke(sim_cli, ["search", "--examples", "2", "--seed", "5", "--json"])
+    assert out.exit_code == 0, out.output + out.stderr
+    result = json.loads(out.stdout)
+    assert result["first"] == 5 and result["examples"] == 2 and result["failures"] == []
+    assert "SEED=5" in out.stderr
+    out = CliRunner().invoke(sim_cli, ["search", "--replay", "5", "--json"])
+    assert out.exit_code == 0, out.output
+    replayed = json.loads(out.stdout)
+    assert replayed["seed"] == 5 and replayed["linearizable"] is True
+    assert replayed["replay"] == "cellar sim search --replay 5" and replayed["config"].startswith("SimConfig(")
