@@ -45,6 +45,7 @@ from typing import Any, Callable
 import click
 
 from bench.geo_bench import BenchError  # one class for every bench's one-line failure
+from bench.proc import tree_cpu_s
 from store.loadgen import LoadResult
 from store.server import stop_processes
 
@@ -427,17 +428,9 @@ async def line_put_load(addresses: list[tuple[str, int]], *, sessions: int, seco
 
 
 def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (0 for one that is gone)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / tick
+    """User + system CPU seconds of these processes and their children so far (0 for
+    one that is gone)."""
+    return sum(tree_cpu_s(pid) or 0.0 for pid in pids)
 
 
 def _self_cpu_s() -> float:

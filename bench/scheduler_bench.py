@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import quote
 
+from bench.proc import self_cpu_s, tree_cpu_s
+
 GPUS_PER_NODE = 8
 SIZES_GPU = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 READY_TIMEOUT_S = 60.0
@@ -140,22 +142,11 @@ def _figures(t: Tally, seconds: float, clients: int) -> dict[str, Any]:
     }
 
 
-def proc_cpu_s(pid: int | None = None) -> float | None:
-    """CPU seconds (user + system, every thread) of this process or of ``pid`` (Linux
-    ``/proc``; None where it cannot be read)."""
-    if pid is None:
-        return time.process_time()
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def cpu_sampler(pids: dict[str, int | None]) -> Callable[[], dict[str, float | None]]:
-    """``pids``: name -> PID (None: this process); the sampler returns CPU seconds."""
-    return lambda: {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    """``pids``: name -> PID (None: this process); the sampler returns CPU seconds of
+    each process and its children (bench/proc.py), this process's without the others."""
+    others = frozenset(pid for pid in pids.values() if pid is not None)
+    return lambda: {name: (self_cpu_s(others) if pid is None else tree_cpu_s(pid)) for name, pid in pids.items()}
 
 
 async def drive(one_op: Callable[[str, Any], Any], w: Workload, *, clients: int, seconds: float,

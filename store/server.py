@@ -137,7 +137,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
              "heartbeat_ms", "election_ms", "lease_ms", "batch_max", "inflight_max", "snapshot_every",
              "sequencer", "machine", "hived_config", "http", "clients_max", "client_idle_s", "client_frame_s",
              "snapshot_fork", "tls_ca", "tls_cert", "tls_key", "clock_control", "straggler_floor_ms",
-             "early_send", "fsync_thread", "defer_execution"}
+             "early_send", "fsync_worker", "fsync_thread", "defer_execution"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise NodeError(f"config {config_file}: unknown setting(s) {', '.join(unknown)}")
@@ -167,7 +167,14 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> NodeConf
         if flag in raw:
             if type(raw[flag]) is not bool:
                 raise NodeError(f"setting {flag} = {raw[flag]!r} is not true or false")
-            setattr(cfg, flag, raw[flag])
+            if flag == "fsync_thread":  # the older spelling: true = "thread", false = "loop"
+                given = overrides_given(overrides)
+                if "fsync_worker" in raw and ("fsync_worker" in given) == ("fsync_thread" in given):
+                    raise NodeError("fsync_thread and fsync_worker both given: keep fsync_worker")
+                if "fsync_worker" not in given:  # a flag beats the file
+                    cfg.fsync_worker = "thread" if raw[flag] else "loop"
+            else:
+                setattr(cfg, flag, raw[flag])
     if raw.get("hived_config") is not None:
         if cfg.machine != "scheduler":
             raise NodeError("hived_config is a setting of the scheduler machine (add --machine scheduler)")
@@ -235,7 +242,7 @@ TOML_SETTINGS = (("protocol", "protocol", str), ("fsync", "fsync", str), ("clust
                  ("snapshot_every", "snapshot_every", int), ("sequencer", "initial_sequencer", int),
                  ("machine", "machine", str), ("clients_max", "clients_max", int),
                  ("client_idle_s", "client_idle_s", float), ("client_frame_s", "client_frame_s", float),
-                 ("straggler_floor_ms", "straggler_floor_ms", float))
+                 ("straggler_floor_ms", "straggler_floor_ms", float), ("fsync_worker", "fsync_worker", str))
 
 
 def tune_gc() -> None:
@@ -693,9 +700,12 @@ def install_loop() -> None:
 @click.option("--early-send/--no-early-send", "early_send", default=None,
               help="SDPaxos: a command leader's accepts leave before its own record is durable "
                    "(default on; docs/early-send.md).")
-@click.option("--fsync-thread/--fsync-inline", "fsync_thread", default=None,
-              help="fsync=batch: run each loop turn's fsync in a worker thread, the path before "
-                   "2026-11-27 (default inline, on the loop at the end of the turn; docs/runtime.md).")
+@click.option("--fsync-worker", type=click.Choice(["process", "loop", "thread"]), default=None,
+              help="fsync=batch: where each loop turn's fsync runs: process (default: a child process, "
+                   "while the loop goes on), loop (on the loop at the end of the turn) or thread (a "
+                   "worker thread); docs/runtime.md.")
+@click.option("--fsync-thread/--fsync-inline", "fsync_thread", default=None, hidden=True,
+              help="The older spelling of --fsync-worker thread / --fsync-worker loop.")
 @click.option("--execute-after-send/--execute-inline", "defer_execution", default=None,
               help="A replica applies what it committed after sending the commit to its peers, so "
                    "the replicas apply in parallel (default on; --execute-inline: apply first, the "
@@ -708,8 +718,8 @@ def install_loop() -> None:
               help="Stop (as on SIGTERM) when process PID, our parent, dies (Linux): a local cluster's launcher.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync, cluster_id, sequencer,
-          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, fsync_thread,
-          defer_execution,
+          snapshot_every, machine, hived_config, http, tls_ca, tls_cert, tls_key, clock_control, early_send, fsync_worker,
+          fsync_thread, defer_execution,
           join, name, ready_file, parent_pid, log_level) -> None:
     """Run one replica."""
     if parent_pid is not None:
@@ -734,7 +744,7 @@ def serve(config_file, node_id, listen, client, peers, data_dir, protocol, fsync
             "protocol": protocol, "fsync": fsync, "cluster_id": cluster_id, "sequencer": sequencer,
             "snapshot_every": snapshot_every, "machine": machine, "hived_config": hived_config, "http": http,
             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "clock_control": clock_control,
-            "early_send": early_send, "fsync_thread": fsync_thread,
+            "early_send": early_send, "fsync_worker": fsync_worker, "fsync_thread": fsync_thread,
             "defer_execution": defer_execution, "name": name,
         })
         if join is not None:

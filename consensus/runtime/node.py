@@ -149,6 +149,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+FSYNC_WORKERS = ("process", "loop", "thread")  # NodeConfig.fsync_worker
+
+
 @dataclass
 class NodeConfig:
     node_id: int
@@ -168,10 +171,11 @@ class NodeConfig:
     # The command leader's accepts leave before its own record is durable
     # (ProtocolConfig.early_send, docs/early-send.md).
     early_send: bool = True
-    # fsync=batch: the turn's fsync in a worker thread (the path before 2026-11-27)
-    # rather than on the loop at the end of the turn (docs/runtime.md, "Where batch's
-    # fsync runs").
-    fsync_thread: bool = False
+    # fsync=batch: where each loop turn's fsync runs (docs/runtime.md, "Where batch's
+    # fsync runs"): "process", a child process syncs while the loop goes on (the default
+    # since 2026-11-28); "loop", on the loop at the end of the turn (2026-11-27);
+    # "thread", a worker thread (before).
+    fsync_worker: str = "process"
     # Execution after send (ProtocolConfig.defer_execution, docs/runtime.md): a
     # commit's messages leave before this replica applies it, so the replicas apply
     # in parallel rather than one after another.
@@ -275,6 +279,8 @@ class NodeConfig:
             raise NodeError(f"straggler_floor_ms must be a number of milliseconds >= 0, not {self.straggler_floor_ms!r}")
         if self.fsync not in ("always", "batch", "never"):
             raise NodeError(f"unknown fsync mode {self.fsync!r} (always, batch or never)")
+        if self.fsync_worker not in FSYNC_WORKERS:
+            raise NodeError(f"unknown fsync_worker {self.fsync_worker!r} ({', '.join(FSYNC_WORKERS)})")
         if not 0 <= self.initial_sequencer < n:
             raise NodeError(f"initial sequencer {self.initial_sequencer} is not a replica")
         given = [name for name in ("tls_ca", "tls_cert", "tls_key") if getattr(self, name) is not None]
@@ -735,7 +741,8 @@ class Node:
             self.open()
         cfg = self.cfg
         loop = asyncio.get_running_loop()
-        self.committer = GroupCommitter(self.wal, inline=not cfg.fsync_thread)
+        self.committer = GroupCommitter(self.wal, inline=cfg.fsync_worker == "loop",
+                                        process=cfg.fsync_worker == "process")
         # Frames that waited longer than two election timeouts for a connection have been
         # superseded by retransmissions: not replayed (tcp module docstring).
         ssl_peers: dict[str, Any] = {}

@@ -69,19 +69,21 @@ Group commit from asyncio (``GroupCommitter``)::
     committer.request_sync()                        # sync without a waiter
     await committer.close()
 
-One fsync runs at a time, in a single worker thread, so the loop keeps accepting
-work; records appended while it is in flight are covered by the next one. With
-``GroupCommitter(wal, inline=True)`` (what ``cellar serve`` uses; ``fsync_thread =
-true`` in its config file for the thread) the fsync runs on the loop instead, at the
-end of the turn that appended: still one per turn, without the hand-off to the
-thread and back. An error
+One fsync runs at a time, so the loop keeps accepting work; records appended while
+it is in flight are covered by the next one. Where it runs: by default in a single
+worker thread; with ``GroupCommitter(wal, process=True)`` (what ``cellar serve`` uses,
+``fsync_worker = "process"``) in a child process (``FsyncProcess``) that is sent the
+segment's descriptor and answers over a socket, so the loop neither waits for the
+disk nor hands the GIL back and forth; with ``inline=True`` (``fsync_worker =
+"loop"``) on the loop, at the end of the turn that appended. An error
 from a write, an fsync or a segment creation is fatal (retrying after a failed
 fsync is unsafe: the kernel may have dropped the dirty pages): every waiter gets
 the error and the WAL refuses further writes.
 
 Threading: the WAL is not thread-safe. ``prepare_sync``/``complete_sync`` run on the
 owner's thread and only ``perform_sync`` (a bare ``fdatasync``) runs on the
-committer's thread; that split is the whole concurrency story.
+committer's thread (or its equivalent, in the child process); that split is the
+whole concurrency story.
 """
 
 from __future__ import annotations
@@ -95,7 +97,10 @@ import itertools
 import logging
 import os
 import re
+import socket
 import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -1029,25 +1034,151 @@ class WAL:
 DurableCallback = Callable[[BaseException | None], None]
 
 
+_FSYNC_CHILD = r"""
+import os, signal, socket, struct, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+s = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    try:
+        msg, fds, _f, _a = socket.recv_fds(s, 16, 1)
+    except OSError:
+        break
+    if not msg:
+        break
+    err = 0
+    try:
+        if fds:
+            os.fdatasync(fds[0])
+        else:
+            err = 22
+    except OSError as e:
+        err = e.errno or 5
+    for fd in fds:
+        os.close(fd)
+    try:
+        s.send(msg[:8] + struct.pack("<i", err))
+    except OSError:
+        break
+"""
+
+
+class FsyncProcess:
+    """The fsync in a child process, so the event loop neither waits for it nor
+    hands the GIL to a thread when it returns. ``fdatasync`` flushes the file's dirty
+    pages, whichever process or descriptor wrote them: the WAL writes its batch
+    (``prepare_sync``) and then sends the child a duplicate of the segment's
+    descriptor (SCM_RIGHTS); the child syncs it and answers with the request's id
+    and an errno (0 for success). The child exits when its socket reaches EOF (this
+    process, and every fork of it, exited) and ignores SIGINT/SIGTERM, which are
+    this process's to handle."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _FSYNC_CHILD, str(child.fileno())],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self._sock = parent
+        self._next_id = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._closed = False
+        loop.add_reader(parent.fileno(), self._on_reply)
+
+    def submit(self, fd: int) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if self._closed:
+            fut.set_exception(WALError("the fsync process is gone"))
+            return fut
+        rid = next(self._next_id)
+        try:
+            socket.send_fds(self._sock, [rid.to_bytes(8, "little")], [fd])
+        except OSError as e:
+            fut.set_exception(e)
+            return fut
+        self._pending[rid] = fut
+        return fut
+
+    def _on_reply(self) -> None:
+        # Bounded by the replies queued in the socket (at most one per request).
+        while True:
+            try:
+                msg = self._sock.recv(16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._gone(e)
+                return
+            if not msg:
+                self._gone(WALError("the fsync process exited"))
+                return
+            rid = int.from_bytes(msg[:8], "little")
+            err = int.from_bytes(msg[8:12], "little", signed=True)
+            fut = self._pending.pop(rid, None)
+            if fut is None or fut.done():
+                continue
+            if err:
+                fut.set_exception(OSError(err, os.strerror(err)))
+            else:
+                fut.set_result(None)
+
+    def _gone(self, error: BaseException) -> None:
+        self.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.remove_reader(self._sock.fileno())
+        except Exception:  # the loop is closed already
+            pass
+        self._sock.close()  # EOF: the child exits
+        try:  # it is idle (close follows the last sync) and exits at once on EOF
+            self._proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class GroupCommitter:
-    """Runs a WAL's fsyncs in one background thread (or, ``inline``, on the loop at
-    the end of the turn) and tells waiters when their record is durable. See the
-    module docstring.
+    """Runs a WAL's fsyncs and tells waiters when their record is durable. See the
+    module docstring. Where a ``batch`` fsync runs: ``process``, in a child process
+    (``FsyncProcess``), while the loop goes on; ``inline``, on the loop at the end of
+    the turn; otherwise in one background thread.
 
     ``waiters_max`` bounds pending waiters; beyond it ``on_durable``/``durable``
     raise ``CommitQueueFull``. Callbacks run on the event loop, in seq order, and
     must not raise (an exception is logged and swallowed so others still run).
     """
 
-    def __init__(self, wal: WAL, *, waiters_max: int = 65536, inline: bool = False) -> None:
+    def __init__(self, wal: WAL, *, waiters_max: int = 65536, inline: bool = False,
+                 process: bool = False) -> None:
         self._wal = wal
         self._loop = asyncio.get_running_loop()
         # inline: the fsync runs on the loop at the end of the turn that appended (still
         # one per turn for everything appended in it), not in the thread: no hand-off
         # to a thread and back per sync (0.81-0.84x the replicas' CPU per write at 256
         # sessions, docs/runtime.md); the loop waits for the fsync instead (0.1-0.8 ms here).
+        # process: neither; a child process syncs while the loop goes on, and its answer
+        # arrives as a readable socket (docs/runtime.md, "Where batch's fsync runs").
         self._inline = inline
-        self._executor = (None if inline else
+        self._process: FsyncProcess | None = None
+        if process and not inline and wal.mode == "batch":
+            try:
+                self._process = FsyncProcess(self._loop)
+            except OSError as e:  # no process to be had: the fsync on the loop, still correct
+                log.warning("cannot start the fsync process (%s); fsyncs run on the event loop", e)
+                self._inline = True
+        self._executor = (None if self._inline or process or wal.mode != "batch" else
                           concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-fsync"))
         self._waiters: list[tuple[int, int, DurableCallback]] = []  # heap by seq
         self._tiebreak = itertools.count()
@@ -1134,8 +1265,11 @@ class GroupCommitter:
         if ticket is None:
             self._release(None)
             return
-        assert self._executor is not None
-        self._in_flight = self._loop.run_in_executor(self._executor, self._wal.perform_sync, ticket)
+        if self._process is not None:
+            self._in_flight = self._process.submit(ticket.fd)
+        else:
+            assert self._executor is not None
+            self._in_flight = self._loop.run_in_executor(self._executor, self._wal.perform_sync, ticket)
         self._in_flight.add_done_callback(lambda fut: self._sync_done(ticket, fut))
 
     def _sync_done(self, ticket: SyncTicket, fut: asyncio.Future[None]) -> None:
@@ -1171,20 +1305,24 @@ class GroupCommitter:
         Does not close the WAL."""
         if self._closed:
             return
-        async with asyncio.timeout(timeout_s):
-            if self._in_flight is not None:
-                await asyncio.wait([self._in_flight])
-            # Each pass completes a sync or fails the committer; bounded by the timeout
-            # (a released callback may append and wait again).
-            while self._waiters and self._failed is None:
-                synced = self._wal.durable_seq
-                self._start_sync()
+        try:
+            async with asyncio.timeout(timeout_s):
                 if self._in_flight is not None:
                     await asyncio.wait([self._in_flight])
-                elif self._wal.durable_seq == synced:
-                    break
-                else:  # synced here (inline, always, never): a released callback may wait again
-                    await asyncio.sleep(0)
+                # Each pass completes a sync or fails the committer; bounded by the timeout
+                # (a released callback may append and wait again).
+                while self._waiters and self._failed is None:
+                    synced = self._wal.durable_seq
+                    self._start_sync()
+                    if self._in_flight is not None:
+                        await asyncio.wait([self._in_flight])
+                    elif self._wal.durable_seq == synced:
+                        break
+                    else:  # synced here (inline, always, never): a released callback may wait again
+                        await asyncio.sleep(0)
+        finally:
+            if self._process is not None:
+                self._process.close()
         self._closed = True
         self._release(WALError("committer closed"))
         if self._executor is not None:

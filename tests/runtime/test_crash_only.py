@@ -35,6 +35,9 @@ WAIT_S = 10.0
 
 
 def single_node(tmp_path, n: int = 3, node_id: int = 0, **kw) -> Node:
+    # These tests replace the WAL's sync methods in this process: the fsync on the loop
+    # (or, asked for, in a thread), not in the default's child process.
+    kw.setdefault("fsync_worker", "loop")
     *peers, client = free_ports(n + 1)
     cfg = NodeConfig(node_id=node_id, peers={i: ("127.0.0.1", p) for i, p in enumerate(peers)},
                      client_address=("127.0.0.1", client), data_dir=str(tmp_path / f"n{node_id}"), **kw)
@@ -115,7 +118,7 @@ async def test_output_waits_for_every_earlier_record_not_only_its_own(tmp_path):
     """A Ready without records (a lazy ack, a reply) still waits for the fsync of
     records an earlier Ready appended: they may be what it vouches for. (The fsync in
     the committer's thread, where the test can hold it while later Readys run.)"""
-    node = single_node(tmp_path, fsync="batch", fsync_thread=True)
+    node = single_node(tmp_path, fsync="batch", fsync_worker="thread")
     await node.start()
     gate = threading.Event()
     wal = node.wal

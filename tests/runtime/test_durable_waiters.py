@@ -29,7 +29,7 @@ async def test_one_durability_waiter_at_a_time_under_a_slow_disk(tmp_path, monke
     nodes = []
     for i in range(3):
         node = make_node(NodeConfig(node_id=i, peers=addrs, client_address=("127.0.0.1", ports[3 + i]),
-                               data_dir=str(tmp_path / f"n{i}")))
+                               data_dir=str(tmp_path / f"n{i}"), fsync_worker="loop"))  # the slow fsync is ours
         node.open()
         nodes.append(node)
     for node in nodes:

@@ -33,11 +33,13 @@ def _feed(node, src: int, msgs: list) -> None:
     node._on_peer_frames(src, [[ENVELOPE, [encode_message(m) for m in msgs]]])
 
 
-@pytest.mark.parametrize("fsync", ["batch", "batch-inline", "always", "never"])
+@pytest.mark.parametrize("fsync", ["batch", "batch-loop", "always", "never"])
 async def test_a_replica_executes_on_its_own_accept_once_the_wal_says_it_is_durable(tmp_path, fsync):
     # "batch": the fsync in the committer's thread, where the test can hold it;
-    # "batch-inline" (the default) syncs on the loop, which a held fsync would block.
-    node = single_node(tmp_path, n=3, node_id=1, fsync=fsync.removesuffix("-inline"), fsync_thread=fsync == "batch")
+    # "batch-loop" syncs on the loop, which a held fsync would block. (The default,
+    # a child process's fsync: test_fsync_process.py.)
+    node = single_node(tmp_path, n=3, node_id=1, fsync=fsync.removesuffix("-loop"),
+                       fsync_worker="thread" if fsync == "batch" else "loop")
     await node.start()
     wal, r = node.wal, node.replica
     gate = threading.Event()

@@ -61,8 +61,10 @@ def _die_like_a_killed_process(node: Node) -> None:
     buffered is written, nothing more is synced or sealed."""
     async def close_storage() -> None:
         node.wal.abandon()
-        if node.committer._executor is not None:  # --fsync-thread: wait for its last fsync
+        if node.committer._executor is not None:  # --fsync-worker thread: wait for its last fsync
             node.committer._executor.shutdown(wait=True)
+        if node.committer._process is not None:  # the fsync process sees EOF, as when killed
+            node.committer._process.close()
 
     node._close_storage = close_storage  # type: ignore[method-assign]
 

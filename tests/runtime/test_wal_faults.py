@@ -66,7 +66,7 @@ def make_cluster(tmp_path) -> list[Node]:
     for i in range(3):
         cfg = NodeConfig(node_id=i, peers=peers, client_address=("127.0.0.1", ports[3 + i]),
                          data_dir=str(tmp_path / f"n{i}"), fsync="batch", segment_bytes_max=SEGMENT_BYTES,
-                         snapshot_every=0)
+                         snapshot_every=0, fsync_worker="loop")  # the faults are injected in this process
         node = make_node(cfg)
         node.open()
         nodes.append(node)

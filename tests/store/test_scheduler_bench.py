@@ -81,7 +81,7 @@ def test_node_options_reach_the_embedded_replica_under_its_config_names():
 
     fields = {f.name for f in dataclasses.fields(NodeConfig)}
     assert all(attr in fields for _key, attr, _typ in TOML_SETTINGS)
-    opts = node_config_options({"sequencer": 1, "fsync_thread": True, "snapshot_every": 0})
-    assert opts == {"initial_sequencer": 1, "fsync_thread": True, "snapshot_every": 0}
+    opts = node_config_options({"sequencer": 1, "fsync_worker": "loop", "snapshot_every": 0})
+    assert opts == {"initial_sequencer": 1, "fsync_worker": "loop", "snapshot_every": 0}
     assert set(opts) <= fields
     assert node_config_options(None) == {}
