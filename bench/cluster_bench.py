@@ -13,8 +13,8 @@ matters is the ratio, measured side by side. Nothing here asserts a time.
     cellar bench --machine scheduler               # the replicated HiveD scheduler (bench/scheduler_bench.py)
     cellar bench --tls                             # SDPaxos plaintext vs TLS, side by side, and their ratio
     cellar bench --early-send                      # SDPaxos without and with early send (docs/early-send.md)
-    cellar bench --fsync-loop                      # each turn's fsync on the loop (2026-11-27) vs in a child process
-    cellar bench --fsync-thread                    # each turn's fsync in a thread (before) vs in a child process
+    cellar bench --fsync-thread                    # each turn's fsync in a thread (the old path) vs on the loop
+    cellar bench --fsync-process                   # each turn's fsync on the loop vs in a child process
 
 With ``--tls`` the pair compared is not two protocols but one (``--protocol``,
 default sdpaxos) in plaintext and with TLS on every connection (peers mutually
@@ -22,8 +22,9 @@ authenticated, clients over TLS; certificates from ``cellar certs init`` in a
 temporary folder), alternating order from round to round like the protocols. With
 ``--early-send`` the pair is SDPaxos with the command leader's early send off (every
 accept waits for the leader's own fsync, the path before it) and on. With
-``--fsync-loop`` (``--fsync-thread``) it is one protocol with each loop turn's fsync on
-the loop (in a worker thread), an older path, and in a child process (the default).
+``--fsync-thread`` it is one protocol with each loop turn's fsync in a worker thread (the
+path before 2026-11-27) and on the loop (the default); with ``--fsync-process``, on the
+loop and in a child process (``fsync_worker = "process"``).
 """
 
 from __future__ import annotations
@@ -129,14 +130,14 @@ async def run_bench(replicas: int, sessions: int, seconds: float, warmup: float,
 
 TLS_VARIANTS = ("plaintext", "tls")
 EARLY_VARIANTS = ("waiting", "early")  # --early-send: off (the path before it), on
-FSYNC_VARIANTS = ("thread", "process")  # --fsync-thread: the path before 2026-11-27, the default
-FSYNC_LOOP_VARIANTS = ("loop", "process")  # --fsync-loop: the path of 2026-11-27, the default
+FSYNC_VARIANTS = ("thread", "loop")  # --fsync-thread: the path before 2026-11-27, the default
+FSYNC_PROCESS_VARIANTS = ("loop", "process")  # --fsync-process: the default, the child process
 EXEC_VARIANTS = ("apply-first", "send-first")  # --execute-after-send: the old path, the default
 # The comparisons of two `cellar serve` flags: variants and flags, the old path first.
 SERVE_FLAG_PAIRS = {
     "early": (EARLY_VARIANTS, ("--no-early-send", "--early-send")),
-    "fsync_thread": (FSYNC_VARIANTS, ("--fsync-worker=thread", "--fsync-worker=process")),
-    "fsync_loop": (FSYNC_LOOP_VARIANTS, ("--fsync-worker=loop", "--fsync-worker=process")),
+    "fsync_thread": (FSYNC_VARIANTS, ("--fsync-worker=thread", "--fsync-worker=loop")),
+    "fsync_process": (FSYNC_PROCESS_VARIANTS, ("--fsync-worker=loop", "--fsync-worker=process")),
     "exec_after": (EXEC_VARIANTS, ("--execute-inline", "--execute-after-send")),
 }
 
@@ -280,25 +281,25 @@ def _print_summary(result: dict) -> None:
               help="kv only: compare SDPaxos with the command leader's early send off and on (alternating rounds).")
 @click.option("--fsync-thread", "fsync_thread", is_flag=True,
               help="kv only: compare each loop turn's fsync in a worker thread (the path before 2026-11-27) "
-                   "with the default, in a child process (same protocol, alternating rounds).")
-@click.option("--fsync-loop", "fsync_loop", is_flag=True,
-              help="kv only: compare each loop turn's fsync on the loop (the path of 2026-11-27) with the "
-                   "default, in a child process (same protocol, alternating rounds).")
+                   "with the default, on the loop (same protocol, alternating rounds).")
+@click.option("--fsync-process", "fsync_process", is_flag=True,
+              help="kv only: compare each loop turn's fsync on the loop (the default) with a child "
+                   "process's (--fsync-worker process; same protocol, alternating rounds).")
 @click.option("--execute-after-send", "exec_after", is_flag=True,
               help="kv only: compare a replica applying a commit before sending it (the old path, "
                    "--execute-inline) with the default, after (same protocol, alternating rounds).")
 def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsync, modes, nodes, vcs, machine_ops,
-          seed, quiet, as_json, plot_path, tls, protocol, early, fsync_thread, fsync_loop, exec_after) -> None:
+          seed, quiet, as_json, plot_path, tls, protocol, early, fsync_thread, fsync_process, exec_after) -> None:
     """Write throughput and latency, SDPaxos vs Multi-Paxos, same machine, same run;
     with --machine scheduler, allocations+releases per second through the replicated
     scheduler over HTTP and embedded, beside the state machine alone."""
     chosen_pairs = [name for name, on in (("early", early), ("fsync_thread", fsync_thread),
-                                          ("fsync_loop", fsync_loop), ("exec_after", exec_after)) if on]
+                                          ("fsync_process", fsync_process), ("exec_after", exec_after)) if on]
     if machine == "scheduler":
         if tls or chosen_pairs:
-            raise click.BadParameter("--tls, --early-send, --fsync-thread, --fsync-loop and --execute-after-send "
+            raise click.BadParameter("--tls, --early-send, --fsync-thread, --fsync-process and --execute-after-send "
                                      "measure the kv machine",
-                                     param_hint="--tls/--early-send/--fsync-thread/--fsync-loop/--execute-after-send")
+                                     param_hint="--tls/--early-send/--fsync-thread/--fsync-process/--execute-after-send")
         from bench import scheduler_bench
 
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -321,10 +322,10 @@ def bench(machine, replicas, sessions, seconds, warmup, rounds, value_bytes, fsy
     tune_gc()
     say = (lambda *_: None) if as_json else (lambda m: click.echo(m, err=False))
     if tls + len(chosen_pairs) > 1:
-        raise click.BadParameter("one comparison at a time: --tls, --early-send, --fsync-thread, --fsync-loop or "
+        raise click.BadParameter("one comparison at a time: --tls, --early-send, --fsync-thread, --fsync-process or "
                                  "--execute-after-send", param_hint="--early-send")
-    if (fsync_thread or fsync_loop) and fsync != "batch":
-        raise click.BadParameter("--fsync-thread and --fsync-loop compare where fsync=batch's fsync runs",
+    if (fsync_thread or fsync_process) and fsync != "batch":
+        raise click.BadParameter("--fsync-thread and --fsync-process compare where fsync=batch's fsync runs",
                                  param_hint="--fsync")
     if tls or chosen_pairs:
         if plot_path:

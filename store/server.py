@@ -700,10 +700,10 @@ def install_loop() -> None:
 @click.option("--early-send/--no-early-send", "early_send", default=None,
               help="SDPaxos: a command leader's accepts leave before its own record is durable "
                    "(default on; docs/early-send.md).")
-@click.option("--fsync-worker", type=click.Choice(["process", "loop", "thread"]), default=None,
-              help="fsync=batch: where each loop turn's fsync runs: process (default: a child process, "
-                   "while the loop goes on), loop (on the loop at the end of the turn) or thread (a "
-                   "worker thread); docs/runtime.md.")
+@click.option("--fsync-worker", type=click.Choice(["loop", "process", "thread"]), default=None,
+              help="fsync=batch: where each loop turn's fsync runs: loop (default: on the loop at the "
+                   "end of the turn), process (a child process, while the loop goes on) or thread (a "
+                   "worker thread, the path before 2026-11-27); docs/runtime.md.")
 @click.option("--fsync-thread/--fsync-inline", "fsync_thread", default=None, hidden=True,
               help="The older spelling of --fsync-worker thread / --fsync-worker loop.")
 @click.option("--execute-after-send/--execute-inline", "defer_execution", default=None,

@@ -149,7 +149,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-FSYNC_WORKERS = ("process", "loop", "thread")  # NodeConfig.fsync_worker
+FSYNC_WORKERS = ("loop", "process", "thread")  # NodeConfig.fsync_worker
 
 
 @dataclass
@@ -172,10 +172,10 @@ class NodeConfig:
     # (ProtocolConfig.early_send, docs/early-send.md).
     early_send: bool = True
     # fsync=batch: where each loop turn's fsync runs (docs/runtime.md, "Where batch's
-    # fsync runs"): "process", a child process syncs while the loop goes on (the default
-    # since 2026-11-28); "loop", on the loop at the end of the turn (2026-11-27);
-    # "thread", a worker thread (before).
-    fsync_worker: str = "process"
+    # fsync runs"): "loop", on the loop at the end of the turn (the default since
+    # 2026-11-27); "process", a child process syncs while the loop goes on; "thread", a
+    # worker thread (the path before).
+    fsync_worker: str = "loop"
     # Execution after send (ProtocolConfig.defer_execution, docs/runtime.md): a
     # commit's messages leave before this replica applies it, so the replicas apply
     # in parallel rather than one after another.

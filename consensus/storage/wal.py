@@ -71,11 +71,11 @@ Group commit from asyncio (``GroupCommitter``)::
 
 One fsync runs at a time, so the loop keeps accepting work; records appended while
 it is in flight are covered by the next one. Where it runs: by default in a single
-worker thread; with ``GroupCommitter(wal, process=True)`` (what ``cellar serve`` uses,
-``fsync_worker = "process"``) in a child process (``FsyncProcess``) that is sent the
+worker thread; with ``inline=True`` (what ``cellar serve`` uses, ``fsync_worker =
+"loop"``) on the loop, at the end of the turn that appended; with ``process=True``
+(``fsync_worker = "process"``) in a child process (``FsyncProcess``) that is sent the
 segment's descriptor and answers over a socket, so the loop neither waits for the
-disk nor hands the GIL back and forth; with ``inline=True`` (``fsync_worker =
-"loop"``) on the loop, at the end of the turn that appended. An error
+disk nor hands the GIL back and forth. An error
 from a write, an fsync or a segment creation is fatal (retrying after a failed
 fsync is unsafe: the kernel may have dropped the dirty pages): every waiter gets
 the error and the WAL refuses further writes.

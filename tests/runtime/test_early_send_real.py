@@ -54,8 +54,8 @@ def test_bench_compares_early_send_off_and_on():
     (["--fsync-thread", "--early-send"], "one comparison at a time"),
     (["--fsync-thread", "--fsync", "always"], "where fsync=batch's fsync runs"),
     (["--fsync-thread", "--machine", "scheduler"], "measure the kv machine"),
-    (["--fsync-loop", "--fsync-thread"], "one comparison at a time"),
-    (["--fsync-loop", "--fsync", "never"], "where fsync=batch's fsync runs"),
+    (["--fsync-process", "--fsync-thread"], "one comparison at a time"),
+    (["--fsync-process", "--fsync", "never"], "where fsync=batch's fsync runs"),
     (["--execute-after-send", "--tls"], "one comparison at a time"),
     (["--execute-after-send", "--fsync-thread"], "one comparison at a time"),
     (["--execute-after-send", "--machine", "scheduler"], "measure the kv machine"),
@@ -65,13 +65,13 @@ def test_bench_variant_usage_errors_are_one_line(args, message):
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_fsync_worker_defaults_to_the_process_and_takes_the_older_spelling(tmp_path):
-    """fsync_worker: "process" by default (each loop turn's fsync in a child process),
-    "loop" (GroupCommitter inline) or "thread"; the older fsync_thread = true/false
-    means "thread"/"loop", and a flag beats the file."""
+def test_fsync_worker_defaults_to_the_loop_and_takes_the_older_spelling(tmp_path):
+    """fsync_worker: "loop" by default (each loop turn's fsync on the loop, GroupCommitter
+    inline), "process" (in a child process) or "thread"; the older fsync_thread =
+    true/false means "thread"/"loop", and a flag beats the file."""
     base = {"id": 0, "peers": "0=127.0.0.1:7000,1=127.0.0.1:7001,2=127.0.0.1:7002", "data_dir": str(tmp_path)}
-    assert build_config(None, dict(base)).fsync_worker == "process"
-    assert build_config(None, {**base, "fsync_worker": "loop"}).fsync_worker == "loop"
+    assert build_config(None, dict(base)).fsync_worker == "loop"
+    assert build_config(None, {**base, "fsync_worker": "process"}).fsync_worker == "process"
     assert build_config(None, {**base, "fsync_thread": True}).fsync_worker == "thread"
     assert build_config(None, {**base, "fsync_thread": False}).fsync_worker == "loop"
     toml = tmp_path / "node.toml"
@@ -94,7 +94,7 @@ def test_fsync_worker_defaults_to_the_process_and_takes_the_older_spelling(tmp_p
 
 
 def test_bench_compares_the_fsync_on_the_loop_with_the_process():
-    p = cellar("bench", "--fsync-loop", "--rounds", "1", "--seconds", "0.5", "--warmup", "0", "--sessions", "8",
+    p = cellar("bench", "--fsync-process", "--rounds", "1", "--seconds", "0.5", "--warmup", "0", "--sessions", "8",
                "--json")
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout)

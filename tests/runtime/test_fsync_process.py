@@ -1,4 +1,4 @@
-"""The fsync in a child process (``fsync_worker = "process"``, the default;
+"""The fsync in a child process (``fsync_worker = "process"``;
 ``consensus.storage.wal.FsyncProcess``): nothing is reported durable before the
 child's ``fdatasync`` answered; its error, or its death, fails the WAL for good (a
 retried fsync may not see an error the first one consumed); and a replica killed with
@@ -110,7 +110,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_replica_leaves_no_fsync_process(tmp_path):
-    cluster = LocalCluster(str(tmp_path), 3)
+    cluster = LocalCluster(str(tmp_path), 3, extra_args=["--fsync-worker", "process"])
     try:
         cluster.start_all()
         cluster.wait_ready()
