@@ -200,6 +200,16 @@ class _Attempt:
         self.preemptor: Any = None
 
 
+def is_read(command: Any) -> bool:
+    """A read-only query (``READ_OPS``). False for anything else, malformed commands
+    included: an ``op`` that is not a string (a list, a map) must not raise here, on
+    the proposal path or in apply, on every replica."""
+    if not isinstance(command, dict):
+        return False
+    op = command.get("op")
+    return type(op) is str and op in READ_OPS
+
+
 def _int(cmd: dict[str, Any], key: str, minimum: int) -> int:
     v = cmd.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
@@ -287,7 +297,7 @@ class SchedulerStateMachine:
 
     def query(self, op: Any) -> dict[str, Any]:
         """A read-only query (``READ_OPS``) on the local state; anything else is refused."""
-        if not isinstance(op, dict) or op.get("op") not in READ_OPS:
+        if not is_read(op):
             name = op.get("op") if isinstance(op, dict) else op
             return {"ok": False, "error": f"{str(name)[:40]!r} is not a read-only query; "
                                           f"read-only: {', '.join(sorted(READ_OPS))}"}
@@ -295,13 +305,11 @@ class SchedulerStateMachine:
 
     @staticmethod
     def read_key(op: Any) -> str | None:
-        if isinstance(op, dict) and op.get("op") in READ_OPS:
-            return SCHEDULER_KEY
-        return None
+        return SCHEDULER_KEY if is_read(op) else None
 
     @staticmethod
     def keys_of(command: Any) -> list:
-        if isinstance(command, dict) and command.get("op") in READ_OPS:
+        if is_read(command):
             return []
         return [SCHEDULER_KEY]  # malformed ones too: conservative
 

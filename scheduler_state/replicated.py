@@ -52,7 +52,7 @@ from typing import Any, Callable
 import msgpack
 
 from scheduler_state.config import Config, ConfigError, load_config
-from scheduler_state.machine import READ_OPS, SCHEDULER_KEY, SchedulerStateMachine, _canonical
+from scheduler_state.machine import SCHEDULER_KEY, SchedulerStateMachine, _canonical, is_read
 
 FORMAT = 1
 BATCH = "batch"  # several commands in one log entry (module docstring)
@@ -60,6 +60,32 @@ BATCH_MAX = 256
 SHARED = "shared"  # an inspect read that may share a cached result (module docstring)
 _SHARED_VIEWS_MAX = 64  # distinct (view, name) results kept between two state changes
 NOT_INITIALIZED = "scheduler not initialized: no config committed yet (the first init in the log sets it)"
+
+
+def validate(op: Any) -> dict[str, Any] | None:
+    """The pre-proposal check a replica runs on a client's command (store.machines):
+    None for a mapping whose ``op`` names a command (``init``, ``batch`` of such, or
+    one of the machine's), else the error result, so that nothing malformed enters the
+    log. Its fields are the machine's to check in ``apply`` (deterministic refusals)."""
+    from scheduler_state.machine import _HANDLERS
+
+    def bad(command: Any) -> str | None:
+        if not isinstance(command, dict):
+            return "a command is a mapping with an 'op'"
+        name = command.get("op")
+        if type(name) is not str or (name not in _HANDLERS and name != "init"):
+            return f"unknown op {str(name)[:40]!r}; known: {', '.join(sorted([*_HANDLERS, 'init', BATCH]))}"
+        return None
+
+    if isinstance(op, dict) and op.get("op") == BATCH:
+        commands = op.get("commands")
+        if type(commands) is not list or not commands or len(commands) > BATCH_MAX:
+            why: str | None = f"commands must be a list of 1..{BATCH_MAX} commands"
+        else:
+            why = next((f"command {i}: {w}" for i, w in ((i, bad(c)) for i, c in enumerate(commands)) if w), None)
+    else:
+        why = bad(op)
+    return None if why is None else {"ok": False, "code": "InvalidRequest", "error": why}
 
 
 def config_hash(config: Config) -> str:
@@ -125,7 +151,7 @@ class ReplicatedScheduler:
         return {"ok": True, "results": results}
 
     def _apply(self, command: Any) -> Any:
-        if isinstance(command, dict) and command.get("op") in READ_OPS:
+        if is_read(command):
             if SHARED in command:  # a shared read that took the log path
                 return self.query(command)
         else:
@@ -169,9 +195,7 @@ class ReplicatedScheduler:
 
     @staticmethod
     def read_key(op: Any) -> str | None:
-        if isinstance(op, dict) and op.get("op") in READ_OPS:
-            return SCHEDULER_KEY
-        return None
+        return SCHEDULER_KEY if is_read(op) else None
 
     @staticmethod
     def keys_of(command: Any) -> list:

@@ -519,7 +519,7 @@ def stamp(op: Any, now_ms: int) -> Any:
     """``op`` with ``now_ms`` set from the clock of the replica that proposes it (the
     lease commands a client sends; a client's own ``now_ms`` is replaced). Pure: the
     time is a value in the command, never a clock in ``apply``."""
-    if type(op) is dict and op.get("op") in _STAMPED_OPS:
+    if type(op) is dict and type(op.get("op")) is str and op["op"] in _STAMPED_OPS:
         return {**op, "now_ms": now_ms}
     return op
 
@@ -543,6 +543,8 @@ def is_read_only(op: Any) -> bool:
     if type(op) is not dict:
         return False
     name = op.get("op")
+    if type(name) is not str:  # a list or a map: unhashable, and no operation
+        return False
     if name in _READ_OPS:
         return True
     if name == "txn":
@@ -638,7 +640,7 @@ class KVStateMachine:
     def keys_of(op: Any) -> list:
         """Keys a command may write (the sequencer's history table, paper §3.5)."""
         if type(op) is list:
-            if len(op) >= 2 and op[0] in _WRITE_LEGACY and type(op[1]) in (str, bytes, int):
+            if len(op) >= 2 and type(op[0]) is str and op[0] in _WRITE_LEGACY and type(op[1]) in (str, bytes, int):
                 return [_canon(op[1])]
             return []
         if type(op) is not dict or is_read_only(op) or validate(op) is not None:

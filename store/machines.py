@@ -16,9 +16,11 @@ nothing else of it. ``config`` is the machine's own start configuration:
 loads it.
 
 ``validator(name)`` is the machine's pure pre-proposal check (``op -> None | error
-result``), what a server runs before proposing a client's command: ``kv`` has one
-(``store.kv_machine.validate``: types and size limits, docs/kv.md); a machine without one
-accepts every shape here and refuses bad commands in ``apply``.
+result``), what a server runs before proposing a client's command: ``kv``'s checks types
+and size limits (``store.kv_machine.validate``, docs/kv.md), ``scheduler``'s the command's
+shape and name (``scheduler_state.replicated.validate``; its fields are refused in
+``apply``); a machine without one accepts every shape here and refuses bad commands in
+``apply``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ def _accept(op: Any) -> None:
     return None
 
 
-_VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate}
+def _scheduler_validate(op: Any) -> Any:
+    from scheduler_state.replicated import validate as scheduler_validate
+
+    return scheduler_validate(op)
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate, "scheduler": _scheduler_validate}
 
 
 _STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp}

@@ -1034,10 +1034,13 @@ class Node:
                 conn.reply([client, seq, clientwire.ERROR,
                             f"busy: the cluster is moving to epoch {self.epoch_ended.epoch}; retry"])
                 continue
-            if self._stamp is not None and not reconfig:
-                op = self._stamp(op, int(time.time() * 1000))
-            if self._validate is not None and not reconfig:
-                error = self._validate(op)
+            if not reconfig:
+                try:
+                    if self._stamp is not None:
+                        op = self._stamp(op, int(time.time() * 1000))
+                    error = self._validate(op) if self._validate is not None else None
+                except Exception as e:  # noqa: BLE001 - the machine's check raised on a client's value
+                    error = self._malformed(op, e)
                 if error is not None:
                     self.stats["refused_invalid"] += 1
                     conn.reply([client, seq, clientwire.ERROR, error])
@@ -1048,7 +1051,12 @@ class Node:
                 continue
             is_read = kind == clientwire.READ and hasattr(replica, "read")
             if is_read:
-                key = self._read_key(op)
+                try:
+                    key = self._read_key(op)
+                except Exception as e:  # noqa: BLE001 - as above
+                    self.stats["refused_invalid"] += 1
+                    conn.reply([client, seq, clientwire.ERROR, self._malformed(op, e)])
+                    continue
                 if key is None:
                     conn.reply([client, seq, clientwire.ERROR, "not a read-only operation: send it as a call"])
                     continue
@@ -1064,6 +1072,14 @@ class Node:
         self._kick()
         if self._dirty_clients:  # status and refusals; answers to commands wait in the outbox
             self._flush_clients()
+
+    @staticmethod
+    def _malformed(op: Any, exc: Exception) -> str:
+        """A client's operation on which the machine's stamper, validator or read_key
+        raised: that request's error, never the replica's (one malformed request,
+        retried on each replica in turn, stopped a whole cluster)."""
+        log.warning("refused a malformed operation %.80r: %s: %s", op, type(exc).__name__, exc)
+        return f"InvalidRequest: malformed operation ({type(exc).__name__}: {str(exc)[:80]})"
 
     def _reconfig_command(self, op: list) -> list | str:
         """``["reconfig", members, sequencer, epoch]`` (admin; ``epoch``: the one the

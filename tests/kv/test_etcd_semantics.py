@@ -551,6 +551,9 @@ def test_the_seam_exposes_the_validator():
 
     assert validator("kv")(["put", 1.5, "x"])["code"] == "InvalidRequest"
     assert validator("kv")(["put", "k", "x"]) is None
-    assert validator("scheduler")({"op": "anything"}) is None  # refused in apply instead
+    assert validator("scheduler")({"op": "anything"})["code"] == "InvalidRequest"  # not a command's name
+    assert validator("scheduler")({"op": "allocate", "spec": 1}) is None  # its fields: refused in apply
+    assert validator("scheduler")({"op": "batch", "commands": [{"op": "release"}, {"op": ["x"]}]})["error"].startswith(
+        "command 1: unknown op")
     with pytest.raises(ValueError):
         validator("nope")

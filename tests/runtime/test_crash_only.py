@@ -357,3 +357,34 @@ def test_a_malformed_fault_hook_is_a_configuration_error(tmp_path):
 
 def _serve() -> list[str]:
     return [sys.executable, "-m", "store.cli", "serve"]
+
+
+# --- a machine's client-side checks raise ------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["stamp", "validate", "read_key"])
+async def test_a_check_raising_on_a_clients_value_refuses_that_request_only(tmp_path, where):
+    """The machine's stamper, validator and read_key see a client's raw value before
+    anything reaches the core. One of them raising (a malformed op, a bug) is that
+    request's error; the replica serves on (it used to stop, and a client retrying on
+    each replica in turn stopped them all: tests/store/test_malformed_ops.py)."""
+    from consensus.runtime import clientwire
+
+    node = single_node(tmp_path)
+    await node.start()
+    try:
+        def boom(*_args):
+            raise TypeError("unhashable type: 'list'")
+
+        setattr(node, "_" + where, boom)
+        if where == "read_key":  # past the validator, which would refuse it first
+            node._validate = lambda op: None
+        conn = FakeConn()
+        kind = clientwire.READ if where == "read_key" else clientwire.CALL
+        node._on_client_frame(conn, [[kind, "c", 1, {"op": ["x"]}]])
+        assert conn.replies == [["c", 1, clientwire.ERROR,
+                                 "InvalidRequest: malformed operation (TypeError: unhashable type: 'list')"]]
+        assert node.failure is None and not node._down
+        assert node.stats["refused_invalid"] == 1
+    finally:
+        await node.stop()
