@@ -14,6 +14,11 @@ import pytest
 from store.server import LocalCluster
 
 
+# One worker for the whole module under xdist: the module-scoped cluster below then starts
+# once (split across workers, each started its own).
+pytestmark = pytest.mark.xdist_group("kv-cli-cluster")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(str(tmp_path_factory.mktemp("kvcli")), 3)

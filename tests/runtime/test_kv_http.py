@@ -21,6 +21,11 @@ def unb64(s: str) -> str:
     return base64.b64decode(s).decode()
 
 
+# One worker for the whole module under xdist: the module-scoped cluster below then starts
+# once (split across workers, each started its own).
+pytestmark = pytest.mark.xdist_group("kv-http-cluster")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(str(tmp_path_factory.mktemp("kvhttp")), 3, http=True)

@@ -22,6 +22,11 @@ from store.server import LocalCluster
 WAIT_S = 20.0
 
 
+# One worker for the whole module under xdist: the module-scoped cluster below then starts
+# once (split across workers, each started its own).
+pytestmark = pytest.mark.xdist_group("kv-watch-cluster")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(str(tmp_path_factory.mktemp("kvwatch")), 3, http=True)
