@@ -62,11 +62,37 @@ _SHARED_VIEWS_MAX = 64  # distinct (view, name) results kept between two state c
 NOT_INITIALIZED = "scheduler not initialized: no config committed yet (the first init in the log sets it)"
 
 
+DEPTH_MAX = 32  # nesting of a command's values (a HiveD spec needs fewer than 8 levels)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True if ``value`` nests lists/maps deeper than ``limit`` (no recursion: a value
+    a thousand levels deep must not raise here)."""
+    stack = [(value, 1)]
+    while stack:  # bounded by the value's size
+        v, d = stack.pop()
+        t = type(v)
+        if t is dict:
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in v.values())
+            stack.extend((x, d + 1) for x in v.keys() if type(x) in (dict, list, tuple))
+        elif t is list or t is tuple:
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in v)
+    return False
+
+
 def validate(op: Any) -> dict[str, Any] | None:
     """The pre-proposal check a replica runs on a client's command (store.machines):
     None for a mapping whose ``op`` names a command (``init``, ``batch`` of such, or
-    one of the machine's), else the error result, so that nothing malformed enters the
-    log. Its fields are the machine's to check in ``apply`` (deterministic refusals)."""
+    one of the machine's), at most ``DEPTH_MAX`` levels deep and encodable (msgpack: no
+    integer beyond 64 bits, no set), else the error result, so that nothing malformed
+    enters the log. Its fields are the machine's to check in ``apply`` (deterministic
+    refusals). The depth and encoding matter before anything else: a value 600 levels
+    deep raised in the core's batch sizing (``op_bytes``) and an unencodable one in the
+    transport, each stopping the replica, and the client's retry the next."""
     from scheduler_state.machine import _HANDLERS
 
     def bad(command: Any) -> str | None:
@@ -85,7 +111,32 @@ def validate(op: Any) -> dict[str, Any] | None:
             why = next((f"command {i}: {w}" for i, w in ((i, bad(c)) for i, c in enumerate(commands)) if w), None)
     else:
         why = bad(op)
+    if why is None:
+        if _depth_over(op, DEPTH_MAX):
+            why = f"nested more than {DEPTH_MAX} levels deep"
+        else:
+            try:
+                msgpack.packb(op, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as e:
+                why = f"not encodable: {type(e).__name__}: {str(e)[:80]}"
     return None if why is None else {"ok": False, "code": "InvalidRequest", "error": why}
+
+
+def stamp(op: Any, now_ms: int) -> Any:
+    """``op`` with the proposing replica's clock in place of the ``now_ms`` a client
+    sent (in a batch, in each command that has one): time enters the log from the
+    replica that proposes, never from a client, which could otherwise move the
+    machine's clock (the largest ``now_ms`` seen) years ahead and expire every lease
+    at once, and no lease granted after that would ever end. Pure."""
+    if type(op) is not dict:
+        return op
+    if op.get("op") == BATCH:
+        commands = op.get("commands")
+        if type(commands) is list and any(type(c) is dict and "now_ms" in c for c in commands):
+            return {**op, "commands": [{**c, "now_ms": now_ms} if type(c) is dict and "now_ms" in c else c
+                                       for c in commands]}
+        return op
+    return {**op, "now_ms": now_ms} if "now_ms" in op else op
 
 
 def config_hash(config: Config) -> str:

@@ -33,7 +33,8 @@ HTTP API from the same loop, so the CLI and ``curl`` see the embedded replica to
 true, ``placement``, ``preempted`` victims, ...) or, when it must wait, ``ok`` false
 with ``waiting`` true and ``queued`` (the group joined the pending queue unless
 ``wait=False``). A command the scheduler refuses (unknown VC, a name already in use,
-a spec that does not parse) raises ``SchedulerError`` (definite: nothing changed). No
+a spec that does not parse, a value nested too deep or not encodable) raises
+``SchedulerError`` (definite: nothing changed). No
 majority, a replica stopping, or no answer within ``call_timeout_s`` raise
 ``Unavailable`` (``definite`` false: a write may still commit; retrying ``allocate``
 under the same name is safe, the second answers "already allocated").
@@ -58,7 +59,7 @@ from typing import Any
 
 from consensus.runtime.node import Node, NodeConfig, NodeError
 from store.server import make_node
-from store.scheduler_service import Feed, FeedGap, SchedulerService, Unavailable
+from store.scheduler_service import BadCommand, Feed, FeedGap, SchedulerService, Unavailable
 
 __all__ = ["EmbeddedScheduler", "SchedulerError", "Unavailable", "FeedGap", "Feed"]
 
@@ -263,7 +264,10 @@ class EmbeddedScheduler:
         return self.service
 
     async def _write(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        result = await self._svc().call(cmd)
+        try:
+            result = await self._svc().call(cmd)
+        except BadCommand as e:  # not a command any replica could carry: nothing proposed
+            raise SchedulerError(str(e), {"ok": False, "error": str(e)}) from None
         if not isinstance(result, dict):
             raise SchedulerError(f"unexpected result {str(result)[:200]}", result)
         if result.get("uninitialized"):

@@ -57,7 +57,7 @@ from typing import Any
 from aiohttp import web
 
 from scheduler_state.replicated import SHARED
-from store.scheduler_service import FeedGap, SchedulerService, Unavailable
+from store.scheduler_service import BadCommand, FeedGap, SchedulerService, Unavailable
 
 BODY_BYTES_MAX = 1 << 20
 BATCH_REQUESTS_MAX = 256  # requests in one POST /v1/batch
@@ -139,6 +139,8 @@ class SchedulerAPI:
                 response = await handler(request)
             except HTTPError as e:
                 response = _json(e.body, e.code)
+            except BadCommand as e:  # nothing was proposed
+                response = _json({"code": 400, "message": str(e), "field": "body"}, 400)
             except Unavailable as e:
                 response = _json({"code": 503, "message": str(e), "definite": e.definite}, 503,
                                  headers={"Retry-After": str(RETRY_AFTER_S)})

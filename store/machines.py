@@ -61,10 +61,16 @@ def _scheduler_validate(op: Any) -> Any:
     return scheduler_validate(op)
 
 
+def _scheduler_stamp(op: Any, now_ms: int) -> Any:
+    from scheduler_state.replicated import stamp as scheduler_stamp
+
+    return scheduler_stamp(op, now_ms)
+
+
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate, "scheduler": _scheduler_validate}
 
 
-_STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp}
+_STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp, "scheduler": _scheduler_stamp}
 
 
 def stamper(name: str) -> Callable[[Any, int], Any] | None:

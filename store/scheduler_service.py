@@ -51,7 +51,7 @@ import msgpack
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node
 from scheduler_state.events import events_of
-from scheduler_state.replicated import BATCH
+from scheduler_state.replicated import BATCH, validate as validate_command
 
 log = logging.getLogger("cellar.scheduler")
 
@@ -75,6 +75,11 @@ class Unavailable(Exception):
     def __init__(self, message: str, definite: bool) -> None:
         super().__init__(message)
         self.definite = definite
+
+
+class BadCommand(ValueError):
+    """A command no replica may propose: not a command's shape, nested too deep or not
+    encodable (``scheduler_state.replicated.validate``). Nothing entered the log."""
 
 
 class FeedGap(Exception):
@@ -321,12 +326,12 @@ class SchedulerService:
         own command, applied alone with its own result, and each caller is answered
         only once the entry is applied here."""
         self._check_serving()
+        error = validate_command(op)
+        if error is not None:
+            raise BadCommand(error["error"])
         if read or not self.coalesce:
             return await self._call_one(op, read)
-        try:
-            size = len(msgpack.packb(op, use_bin_type=True))
-        except (TypeError, ValueError, OverflowError):
-            size = BATCH_BYTES_MAX  # the node refuses it alone, as before
+        size = len(msgpack.packb(op, use_bin_type=True))
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._queue.append((op, size, fut))

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import random
+import reprlib
 import signal
 import time
 import traceback
@@ -1081,7 +1082,7 @@ class Node:
         """A client's operation on which the machine's stamper, validator or read_key
         raised: that request's error, never the replica's (one malformed request,
         retried on each replica in turn, stopped a whole cluster)."""
-        log.warning("refused a malformed operation %.80r: %s: %s", op, type(exc).__name__, exc)
+        log.warning("refused a malformed operation %s: %s: %s", reprlib.repr(op), type(exc).__name__, exc)
         return f"InvalidRequest: malformed operation ({type(exc).__name__}: {str(exc)[:80]})"
 
     def _reconfig_command(self, op: list) -> list | str:

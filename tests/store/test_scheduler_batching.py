@@ -5,6 +5,7 @@ its own answer; every replica ends with the same state. No timed assertion."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
@@ -114,3 +115,26 @@ async def test_http_batch_answers_each_request_as_its_own_endpoint(trio):
                 assert r.status == 400 and (await r.json())["field"] == "requests", body
     await converged(reps)
     assert "vc-nope" not in str(reps[0].service.history()["events"])
+
+
+async def test_a_group_the_log_could_not_carry_is_a_400_and_stops_no_replica(trio):
+    """An unknown field with a JSON integer beyond 64 bits (or nested deeper than any
+    spec) passed the spec parser; the node then failed to encode it and stopped, one
+    replica per attempt (two of three before the 503s). Now it is refused before anything
+    is proposed (scheduler_state.replicated.validate)."""
+    reps, urls = trio
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    for i, extra in enumerate((10**30, deep)):
+        body = {**spec(f"evil{i}"), "zzz": extra}
+        async with aiohttp.ClientSession() as s:
+            for url in urls:
+                async with s.post(url + "/v1/groups", data=json.dumps(body),
+                                  headers={"Content-Type": "application/json"}) as r:
+                    assert r.status == 400, (r.status, await r.text())
+                    assert (await r.json())["field"] == "body"
+    assert all(r.node.failure is None for r in reps)
+    async with aiohttp.ClientSession() as s:  # and the cluster serves on
+        async with s.post(urls[0] + "/v1/groups", json=spec("fine")) as r:
+            assert r.status == 201, await r.text()
