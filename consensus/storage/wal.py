@@ -567,6 +567,9 @@ class WAL:
         self._durable_seq = 0
         self._retired_fds: list[int] = []  # old segments kept open while a sync may use them
         self._ticket: SyncTicket | None = None
+        # A rotation's seal while a sync of that segment was in flight: durable only once
+        # that sync succeeds (_rotate).
+        self._rotated_seq = 0
         self._failed: BaseException | None = None
         self._closed = False
 
@@ -829,10 +832,21 @@ class WAL:
             raise
         self._flush()
         self._fsync(self._fd)
-        self._durable_seq = self._last_seq
-        if self._ticket is not None and self._ticket.fd == self._fd:
-            self._retired_fds.append(self._fd)  # closed by complete_sync
+        if self._ticket is not None:
+            # The in-flight sync (another thread or process) shares a segment's file
+            # description, and the kernel reports a writeback error to one fsync per
+            # description: if that one took it, a seal's fsync of the same segment
+            # returned 0 for pages that never reached the disk. So what the seal covers
+            # is durable only once that sync succeeds too (complete_sync; its error fails
+            # the WAL as ever), and so is the seal of any later segment: durable_seq is
+            # a prefix.
+            self._rotated_seq = self._last_seq
+            if self._ticket.fd == self._fd:
+                self._retired_fds.append(self._fd)  # closed by complete_sync
+            else:
+                os.close(self._fd)
         else:
+            self._durable_seq = self._last_seq
             os.close(self._fd)
         self._fd = -1
         try:
@@ -921,7 +935,8 @@ class WAL:
             self.stats["fsyncs"] += 1
             if ticket.fd == self._fd:  # not a segment retired by a rotation meanwhile
                 self._seg_durable_end = max(self._seg_durable_end, ticket.end)
-        self._durable_seq = max(self._durable_seq, ticket.seq)
+        self._durable_seq = max(self._durable_seq, ticket.seq, self._rotated_seq)
+        self._rotated_seq = 0
         assert self._durable_seq <= self._last_seq
         return self._durable_seq
 
@@ -1070,8 +1085,9 @@ class FsyncProcess:
     (``prepare_sync``) and then sends the child a duplicate of the segment's
     descriptor (SCM_RIGHTS); the child syncs it and answers with the request's id
     and an errno (0 for success). The child exits when its socket reaches EOF (this
-    process, and every fork of it, exited) and ignores SIGINT/SIGTERM, which are
-    this process's to handle."""
+    process, and every fork of it, exited). It runs in a session of its own, so a
+    terminal's Ctrl-C, which is this process's to handle, never reaches it (and it
+    ignores SIGINT/SIGTERM once started)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -1079,7 +1095,10 @@ class FsyncProcess:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _FSYNC_CHILD, str(child.fileno())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         parent.setblocking(False)
@@ -1087,7 +1106,14 @@ class FsyncProcess:
         self._next_id = itertools.count(1)
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._closed = False
-        loop.add_reader(parent.fileno(), self._on_reply)
+        try:
+            loop.add_reader(parent.fileno(), self._on_reply)
+        except BaseException:
+            self._closed = True
+            parent.close()  # EOF: the child exits
+            self._proc.kill()
+            self._proc.wait()
+            raise
 
     def submit(self, fd: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -1134,6 +1160,10 @@ class FsyncProcess:
         self._pending.clear()
 
     def close(self) -> None:
+        """Never blocks the loop for long: an idle child exits at once on EOF; one stuck
+        in an fdatasync of a hung disk is killed and left to be reaped by the kernel
+        when this process exits (SIGKILL waits for the syscall). Requests still pending
+        fail."""
         if self._closed:
             return
         self._closed = True
@@ -1142,11 +1172,18 @@ class FsyncProcess:
         except Exception:  # the loop is closed already
             pass
         self._sock.close()  # EOF: the child exits
-        try:  # it is idle (close follows the last sync) and exits at once on EOF
-            self._proc.wait(timeout=2)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(WALError("the fsync process was closed"))
+        self._pending.clear()
+        try:
+            self._proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.wait()
+            try:
+                self._proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                log.error("the fsync process %d does not exit (a hung disk?); left behind", self._proc.pid)
 
 
 class GroupCommitter:
@@ -1305,6 +1342,7 @@ class GroupCommitter:
         Does not close the WAL."""
         if self._closed:
             return
+        finished = False
         try:
             async with asyncio.timeout(timeout_s):
                 if self._in_flight is not None:
@@ -1320,10 +1358,12 @@ class GroupCommitter:
                         break
                     else:  # synced here (inline, always, never): a released callback may wait again
                         await asyncio.sleep(0)
+            finished = True
         finally:
+            # Also on the timeout: every waiter hears, nothing is left pending.
             if self._process is not None:
                 self._process.close()
-        self._closed = True
-        self._release(WALError("committer closed"))
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._closed = True
+            self._release(WALError("committer closed"))
+            if self._executor is not None:
+                self._executor.shutdown(wait=finished)

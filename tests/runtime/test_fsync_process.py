@@ -127,3 +127,24 @@ def test_a_killed_replica_leaves_no_fsync_process(tmp_path):
         assert not _alive(kids[0]), "the fsync process outlived its replica"
     finally:
         cluster.stop_all()
+
+
+async def test_close_with_a_sync_that_never_answers_fails_its_waiter_and_returns(tmp_path):
+    """Review 69: the close timeout left the waiter pending forever and the loop blocked
+    in an unbounded wait for the child."""
+    wal, _ = WAL.open(str(tmp_path / "wal"), fsync="batch")
+    committer = GroupCommitter(wal, process=True)
+    child = committer._process._proc
+    os.kill(child.pid, signal.SIGSTOP)  # its fdatasync never answers
+    waiter = asyncio.ensure_future(committer.durable(wal.append(b"a")))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await committer.close(timeout_s=0.2)
+    assert time.monotonic() - started < 3
+    async with asyncio.timeout(WAIT_S):
+        with pytest.raises((WALError, WALFailed)):
+            await waiter
+    assert wal.durable_seq == 0
+    child.wait(timeout=WAIT_S)  # killed (a stopped process dies of SIGKILL)

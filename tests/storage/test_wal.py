@@ -651,3 +651,30 @@ def test_restart_at_drops_every_record_and_numbers_on_after_a_seq(tmp_path):
     with pytest.raises(WALError):
         wal.restart_at(500)  # only right after open
     wal.close()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_rotation_during_an_inflight_sync_counts_only_once_that_sync_succeeds(tmp_path, fails):
+    """Review 69: the in-flight sync (a thread's or the fsync process's) shares the
+    segment's file description, and the kernel reports a writeback error to one fsync
+    per description. If that sync took the error, the rotation's own fsync returned 0
+    for pages that never reached the disk; the rotation then declared every record
+    durable before the in-flight sync answered. Now the seal counts once that sync
+    succeeded, and its failure leaves the records never durable; so does the seal of a
+    later segment (the first version of the fix let a second rotation count)."""
+    wal, _ = WAL.open(str(tmp_path / "wal"), fsync="batch", segment_bytes_max=4096)
+    first = wal.append(b"a" * 100)
+    ticket = wal.prepare_sync()  # in flight: perform_sync runs elsewhere
+    created = wal.stats["segments_created"]
+    while wal.stats["segments_created"] < created + 2:  # appends until the segment rotated twice
+        wal.append(b"b" * 100)
+    sealed = wal.last_seq - 1  # the last record opened the newest segment
+    assert wal.durable_seq < first, "nothing counts before the in-flight sync answered"
+    if fails:
+        with pytest.raises(WALFailed):
+            wal.complete_sync(ticket, OSError(5, "Input/output error"))
+        assert wal.durable_seq < first
+    else:
+        wal.perform_sync(ticket)
+        assert wal.complete_sync(ticket) >= sealed
+        wal.close()
