@@ -1153,11 +1153,11 @@ class FsyncProcess:
                 fut.set_result(None)
 
     def _gone(self, error: BaseException) -> None:
-        self.close()
-        for fut in self._pending.values():
+        for fut in self._pending.values():  # with this error, before close()'s generic one
             if not fut.done():
                 fut.set_exception(error)
         self._pending.clear()
+        self.close()
 
     def close(self) -> None:
         """Never blocks the loop for long: an idle child exits at once on EOF; one stuck
