@@ -62,7 +62,10 @@ _SHARED_VIEWS_MAX = 64  # distinct (view, name) results kept between two state c
 NOT_INITIALIZED = "scheduler not initialized: no config committed yet (the first init in the log sets it)"
 
 
-DEPTH_MAX = 32  # nesting of a command's values (a HiveD spec needs fewer than 8 levels)
+DEPTH_MAX = 100  # nesting of a command's values: a spec needs fewer than 8 levels, an init or
+# reconfigure's config 2 per level of its cell hierarchy; the core's batch sizing
+# (op_bytes, recursive) broke at about 600. A config of the deepest hierarchy the
+# config loader takes (32 levels, docs/scheduler_state.md) needs about 70.
 
 
 def _depth_over(value: Any, limit: int) -> bool:

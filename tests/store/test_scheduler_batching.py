@@ -124,7 +124,7 @@ async def test_a_group_the_log_could_not_carry_is_a_400_and_stops_no_replica(tri
     is proposed (scheduler_state.replicated.validate)."""
     reps, urls = trio
     deep: list = []
-    for _ in range(100):
+    for _ in range(300):
         deep = [deep]
     for i, extra in enumerate((10**30, deep)):
         body = {**spec(f"evil{i}"), "zzz": extra}
