@@ -178,6 +178,8 @@ class SchedulerAPI:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise HTTPError(400, f"body is not valid JSON: {e}", "body") from None
+        except RecursionError:  # json's decoder recurses per level: a 500 before
+            raise HTTPError(400, "body is nested too deep", "body") from None
 
     def _inner(self) -> Any:
         """The local scheduler (for checks against the config before proposing)."""

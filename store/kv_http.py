@@ -574,6 +574,8 @@ class KVAPI:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise bad(f"body is not valid JSON: {e}") from None
+        except RecursionError:  # json's decoder recurses per level: a 500 before
+            raise bad("body is nested too deep") from None
 
     @staticmethod
     def _codec(request: web.Request) -> Codec:

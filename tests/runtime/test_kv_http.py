@@ -185,6 +185,8 @@ async def test_bad_inputs_are_4xx_and_change_nothing(api, cluster):
     assert status == 400 and "not valid JSON" in answer["error"]
     status, answer, _ = await api.post("/v3/kv/put", raw=b"\xff\xfe")
     assert status == 400 and "not valid JSON" in answer["error"]
+    status, answer, _ = await api.post("/v3/kv/put", raw=b"[" * 5000 + b"]" * 5000)  # was a bare 500
+    assert status == 400 and "nested too deep" in answer["error"]
     big = json.dumps({"key": b64("k"), "value": "A" * (3 << 20)}).encode()  # over the body limit
     status, answer, _ = await api.post("/v3/kv/put", raw=big)
     assert status == 413 and answer["reason"] == "TooLarge"

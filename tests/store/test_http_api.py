@@ -120,6 +120,7 @@ async def test_envelope_wait_ttl_and_health(api):
     (json.dumps({"group": {"virtualCluster": "vc-a", "leafCellNumber": 1, "name": "x"}, "colour": 1}).encode(),
      "colour", 400),
     (b"{" + b" " * 5000 + b"}", "body", 413),
+    (b"[" * 1500 + b"]" * 1500, "body", 400),  # too deep for json's decoder: a bare 500 before
 ])
 async def test_bad_input_never_enters_the_log(api, body, field, code):
     client, service = api
