@@ -52,7 +52,7 @@ from typing import Any, Callable
 import msgpack
 
 from scheduler_state.config import Config, ConfigError, load_config
-from scheduler_state.machine import SCHEDULER_KEY, SchedulerStateMachine, _canonical, is_read
+from scheduler_state.machine import _HANDLERS, SCHEDULER_KEY, SchedulerStateMachine, _canonical, is_read
 
 FORMAT = 1
 BATCH = "batch"  # several commands in one log entry (module docstring)
@@ -68,35 +68,42 @@ DEPTH_MAX = 100  # nesting of a command's values: a spec needs fewer than 8 leve
 # config loader takes (32 levels, docs/scheduler_state.md) needs about 70.
 
 
+_NESTED = (dict, list, tuple)
+
+
 def _depth_over(value: Any, limit: int) -> bool:
     """True if ``value`` nests lists/maps deeper than ``limit`` (no recursion: a value
-    a thousand levels deep must not raise here)."""
-    stack = [(value, 1)]
+    a thousand levels deep must not raise here). Only containers are stacked."""
+    stack = [(value, 1)] if type(value) in _NESTED else []
     while stack:  # bounded by the value's size
         v, d = stack.pop()
-        t = type(v)
-        if t is dict:
-            if d > limit:
-                return True
-            stack.extend((x, d + 1) for x in v.values())
-            stack.extend((x, d + 1) for x in v.keys() if type(x) in (dict, list, tuple))
-        elif t is list or t is tuple:
-            if d > limit:
-                return True
-            stack.extend((x, d + 1) for x in v)
+        if d > limit:
+            return True
+        items = [*v.keys(), *v.values()] if type(v) is dict else v
+        stack.extend((x, d + 1) for x in items if type(x) in _NESTED)
     return False
+
+
+def encode_checked(op: Any) -> bytes:
+    """``op`` as msgpack, or ``ValueError`` naming why no replica may carry it: nested
+    more than ``DEPTH_MAX`` levels, or not encodable (an integer beyond 64 bits, a set).
+    A value 600 levels deep raised in the core's batch sizing (``op_bytes``) and an
+    unencodable one in the transport, each stopping the replica, and the client's retry
+    the next."""
+    if _depth_over(op, DEPTH_MAX):
+        raise ValueError(f"nested more than {DEPTH_MAX} levels deep")
+    try:
+        return msgpack.packb(op, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"not encodable: {type(e).__name__}: {str(e)[:80]}") from None
 
 
 def validate(op: Any) -> dict[str, Any] | None:
     """The pre-proposal check a replica runs on a client's command (store.machines):
     None for a mapping whose ``op`` names a command (``init``, ``batch`` of such, or
-    one of the machine's), at most ``DEPTH_MAX`` levels deep and encodable (msgpack: no
-    integer beyond 64 bits, no set), else the error result, so that nothing malformed
-    enters the log. Its fields are the machine's to check in ``apply`` (deterministic
-    refusals). The depth and encoding matter before anything else: a value 600 levels
-    deep raised in the core's batch sizing (``op_bytes``) and an unencodable one in the
-    transport, each stopping the replica, and the client's retry the next."""
-    from scheduler_state.machine import _HANDLERS
+    one of the machine's) that ``encode_checked`` takes, else the error result, so that
+    nothing malformed enters the log. Its fields are the machine's to check in ``apply``
+    (deterministic refusals)."""
 
     def bad(command: Any) -> str | None:
         if not isinstance(command, dict):
@@ -115,13 +122,10 @@ def validate(op: Any) -> dict[str, Any] | None:
     else:
         why = bad(op)
     if why is None:
-        if _depth_over(op, DEPTH_MAX):
-            why = f"nested more than {DEPTH_MAX} levels deep"
-        else:
-            try:
-                msgpack.packb(op, use_bin_type=True)
-            except (TypeError, ValueError, OverflowError) as e:
-                why = f"not encodable: {type(e).__name__}: {str(e)[:80]}"
+        try:
+            encode_checked(op)
+        except ValueError as e:
+            why = str(e)
     return None if why is None else {"ok": False, "code": "InvalidRequest", "error": why}
 
 

@@ -55,22 +55,20 @@ def _accept(op: Any) -> None:
     return None
 
 
-def _scheduler_validate(op: Any) -> Any:
-    from scheduler_state.replicated import validate as scheduler_validate
+def _scheduler(name: str) -> Callable[..., Any]:
+    """``scheduler_state.replicated.<name>``, imported on its first call."""
+    def call(*args: Any) -> Any:
+        from scheduler_state import replicated
 
-    return scheduler_validate(op)
+        return getattr(replicated, name)(*args)
 
-
-def _scheduler_stamp(op: Any, now_ms: int) -> Any:
-    from scheduler_state.replicated import stamp as scheduler_stamp
-
-    return scheduler_stamp(op, now_ms)
+    return call
 
 
-_VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate, "scheduler": _scheduler_validate}
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {"kv": validate, "scheduler": _scheduler("validate")}
 
 
-_STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp, "scheduler": _scheduler_stamp}
+_STAMPERS: dict[str, Callable[[Any, int], Any]] = {"kv": stamp, "scheduler": _scheduler("stamp")}
 
 
 def stamper(name: str) -> Callable[[Any, int], Any] | None:

@@ -46,12 +46,11 @@ import os
 import time
 from typing import Any
 
-import msgpack
 
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node
 from scheduler_state.events import events_of
-from scheduler_state.replicated import BATCH, validate as validate_command
+from scheduler_state.replicated import BATCH, encode_checked
 
 log = logging.getLogger("cellar.scheduler")
 
@@ -78,8 +77,8 @@ class Unavailable(Exception):
 
 
 class BadCommand(ValueError):
-    """A command no replica may propose: not a command's shape, nested too deep or not
-    encodable (``scheduler_state.replicated.validate``). Nothing entered the log."""
+    """A command no replica may carry: nested too deep or not encodable
+    (``scheduler_state.replicated.encode_checked``). Nothing entered the log."""
 
 
 class FeedGap(Exception):
@@ -326,12 +325,12 @@ class SchedulerService:
         own command, applied alone with its own result, and each caller is answered
         only once the entry is applied here."""
         self._check_serving()
-        error = validate_command(op)
-        if error is not None:
-            raise BadCommand(error["error"])
+        try:  # once per command: its size for the batch, and a refusal before anything is proposed
+            size = len(encode_checked(op))
+        except ValueError as e:
+            raise BadCommand(str(e)) from None
         if read or not self.coalesce:
             return await self._call_one(op, read)
-        size = len(msgpack.packb(op, use_bin_type=True))
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._queue.append((op, size, fut))
