@@ -138,6 +138,12 @@ class PCell:
         "pinned_id", "in_pinned", "nodeish", "leaves", "leafs", "sub", "below", "inner", "ncell", "node_cells",
         "vcell", "in_free", "fkey", "used", "opp", "bad", "oavail", "user", "prio", "unpinned",
     )
+    leafs: Any
+    sub: Any
+    below: Any
+    inner: Any
+    ncell: Any
+    node_cells: Any
 
     def __init__(self, cid: int, chain: PChain, level: int, spec: PhysicalSpec, parent: PCell | None,
                  node: str | None, in_pinned: bool) -> None:
@@ -176,6 +182,12 @@ class VCell:
         "id", "vc", "scope", "level", "ctype", "addr", "parent", "children", "root", "nodeish", "leaves",
         "leafs", "sub", "below", "inner", "ncell", "node_cells", "pcell", "free", "user", "prio",
     )
+    leafs: Any
+    sub: Any
+    below: Any
+    inner: Any
+    ncell: Any
+    node_cells: Any
 
     def __init__(self, cid: int, scope: VScope, level: int, ctype: str, addr: str, parent: VCell | None) -> None:
         self.id = cid
@@ -291,8 +303,8 @@ class Cluster:
             for top in chain.tops:
                 self._free_add(top)
                 chain.root_index.add(top)
-            for n in chain.nodes:
-                chain.node_index.add(n)
+            for nc in chain.nodes:
+                chain.node_index.add(nc)
         for vc in config.virtual_clusters.values():
             scopes: dict[str, VScope] = {}
             pinned: dict[str, VScope] = {}
@@ -666,6 +678,7 @@ class Cluster:
             y.oavail = y.leaves
         for v in vl:
             p = v.pcell  # type: ignore[union-attr]
+            assert p is not None
             v.pcell = p.vcell = None  # type: ignore[union-attr]
             v.user = p.user = None  # type: ignore[union-attr]
             v.prio = p.prio = FREE_PRIORITY  # type: ignore[union-attr]
@@ -841,17 +854,18 @@ def _physical_up(q: PCell, d: int, opp: bool, avail: bool, t: Touched) -> None:
             q = parent
     tf = t.f
     tp = t.p
-    while q is not None:
-        q.used += d
+    c: PCell | None = q
+    while c is not None:
+        c.used += d
         if opp:
-            q.opp += d
-            if q.in_free:
-                tf[q] = None
+            c.opp += d
+            if c.in_free:
+                tf[c] = None
         if avail:
-            q.oavail -= d
-            if q.nodeish or q.parent is None:
-                tp[q] = None
-        q = q.parent
+            c.oavail -= d
+            if c.nodeish or c.parent is None:
+                tp[c] = None
+        c = c.parent
 
 
 def _virtual_up_many(leaves: list[VCell], d: int, tv: dict) -> VCell | None:

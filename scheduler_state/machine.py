@@ -68,7 +68,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from scheduler_state.cells import (
     OPPORTUNISTIC_PRIORITY,
@@ -115,7 +115,7 @@ class Pod:
 
     __slots__ = ("k", "devices", "pleaves", "vleaves", "released")
 
-    def __init__(self, k: int, devices: list[tuple[str, int, str | None]], pleaves: list[PCell | None],
+    def __init__(self, k: int, devices: list[tuple[str | None, int, str | None]], pleaves: list[PCell | None],
                  vleaves: list[VCell | None] | None) -> None:
         self.k = k
         self.devices = devices  # (node, leaf index, preassigned cell type or None)
@@ -241,6 +241,13 @@ class NotFound(CommandError):
     """The named group, VC or node does not exist (result carries ``not_found``)."""
 
 
+def _snapshot_state(data: bytes) -> dict[str, Any]:
+    state = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(state, dict) or state.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError("not a scheduler_state snapshot (format mismatch)")
+    return state
+
+
 class SchedulerStateMachine:
     """HiveD's cells, VCs and affinity groups behind a deterministic ``apply``.
 
@@ -255,6 +262,14 @@ class SchedulerStateMachine:
     def from_yaml(cls, text: str) -> SchedulerStateMachine:
         return cls(load_config(text))
 
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> SchedulerStateMachine:
+        """The machine a ``snapshot()`` describes (``restore`` into a new machine)."""
+        state = _snapshot_state(data)
+        m = cls(load_config(state["config"]))
+        m._load(state)
+        return m
+
     def _reset(self, config: Config) -> None:
         self.config = config
         self.cluster = Cluster(config)
@@ -268,6 +283,20 @@ class SchedulerStateMachine:
         # Preempting) by UID, and the groups in HiveD's Preempting state by name.
         self.pod_refs: dict[str, Any] = {}
         self.preemptors: dict[str, Any] = {}
+
+    def _take(self, other: SchedulerStateMachine) -> None:
+        """Become ``other`` (a restore, a reconfiguration): every attribute ``_reset``
+        sets, spelled out (the compiled build's instances have no ``__dict__``)."""
+        self.config = other.config
+        self.cluster = other.cluster
+        self.groups = other.groups
+        self.vc_groups = other.vc_groups
+        self.pending = other.pending
+        self.pending_by_name = other.pending_by_name
+        self.clock_ms = other.clock_ms
+        self.next_seq = other.next_seq
+        self.pod_refs = other.pod_refs
+        self.preemptors = other.preemptors
 
     # -- StateMachine protocol ------------------------------------------------------
 
@@ -286,10 +315,10 @@ class SchedulerStateMachine:
                 # its rules at every command boundary (a no-op without bad nodes).
                 _health.reconcile(cl)
             return result
-        except NotFound as exc:
-            return {"ok": False, "error": str(exc), "not_found": True}
-        except (CommandError, RequestError, ConfigError) as exc:
-            return {"ok": False, "error": str(exc)}
+        except NotFound as missing:
+            return {"ok": False, "error": str(missing), "not_found": True}
+        except (CommandError, RequestError, ConfigError) as refused:
+            return {"ok": False, "error": str(refused)}
         except Exception as exc:  # noqa: BLE001 - the protocol forbids raising out of apply
             # Validation runs before any change, so this means a bug, not bad input; it is
             # deterministic (every replica answers alike) and says so plainly.
@@ -348,12 +377,7 @@ class SchedulerStateMachine:
         return msgpack.packb(_canonical(state), use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
-        state = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        if not isinstance(state, dict) or state.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError("not a scheduler_state snapshot (format mismatch)")
-        other = SchedulerStateMachine(load_config(state["config"]))
-        other._load(state)
-        self.__dict__.update(other.__dict__)
+        self._take(SchedulerStateMachine.from_snapshot(data))
 
     def _load(self, state: dict[str, Any]) -> None:
         cl = self.cluster
@@ -532,7 +556,7 @@ class SchedulerStateMachine:
         for chain in chains:
             nodes = chain.node_index  # read (so re-keyed) only when a spread needs it
 
-            def spread(kmin: int, nodes: CountIndex = nodes) -> list[PCell]:
+            def spread(kmin: int, nodes: Any = nodes) -> list[Any]:
                 return list(indexed_roots(nodes.sorted_keys(), cl.pcells, kmin))
 
             # HiveD spreads opportunistic pods away from guaranteed ones: first only
@@ -585,7 +609,7 @@ class SchedulerStateMachine:
                     roots: Any = indexed_roots(scope.root_index.sorted_keys(), cl.vcells, total)
                     nodes = scope.node_index  # read (so re-keyed) only when a spread needs it
 
-                    def spread(kmin: int, nodes: CountIndex = nodes) -> list[VCell]:
+                    def spread(kmin: int, nodes: Any = nodes) -> list[Any]:
                         return list(indexed_roots(nodes.sorted_keys(), cl.vcells, kmin))
                     sindex: Any = (nodes, cl.vcells)
                 else:
@@ -606,8 +630,8 @@ class SchedulerStateMachine:
                     placer = virtual_preempt_placer(scope, req.priority, sugg, lower)
                     roots = counted_roots(scope.roots, placer.cnt, total)
 
-                    def spread(kmin: int, scope: VScope = scope) -> list[VCell]:
-                        return scope.nodes
+                    def spread(kmin: int, nodes: Any = scope) -> list[Any]:
+                        return nodes.nodes
                     sindex = None
                 found = placer.place(roots, spread, pods, sindex)
                 if found is None:
@@ -628,12 +652,12 @@ class SchedulerStateMachine:
                     reason += (f"; {n} leaf cells are reserved for Preempting affinity group {p.name} "
                                f"(priority {p.req.priority})")
             if cl.hbound:
-                bad = sorted({n for v in cl.hbound if v.scope in scopes and v.pcell is not None
-                              for n in cl.nodes_of(v.pcell) if n in cl.bad_nodes})
-                if bad:
-                    doomed = sorted(v.addr for v in cl.hbound if v.scope in scopes and _health.is_doomed(v))
-                    reason += (f"; its cells on bad nodes: {', '.join(bad)}"
-                               + (f" (doomed bad cells: {', '.join(doomed)})" if doomed else ""))
+                bad_names = sorted({n for v in cl.hbound if v.scope in scopes and v.pcell is not None
+                                    for n in cl.nodes_of(v.pcell) if n in cl.bad_nodes})
+                if bad_names:
+                    doomed_addrs = sorted(v.addr for v in cl.hbound if v.scope in scopes and _health.is_doomed(v))
+                    reason += (f"; its cells on bad nodes: {', '.join(bad_names)}"
+                               + (f" (doomed bad cells: {', '.join(doomed_addrs)})" if doomed_addrs else ""))
         return _Attempt(None, reason)
 
     def _realize(self, req: Request, seq: int, scope: VScope, vplace: list[list[VCell]],
@@ -672,7 +696,7 @@ class SchedulerStateMachine:
                     wholes.append(whole)
                     continue
             fast = whole[1].leafs if whole is not None else None
-            row = []
+            row: list[Any] = []
             for i, v in enumerate(leaves):
                 p = fast[i] if fast is not None else plan.physical(v)
                 if p is None:
@@ -750,6 +774,7 @@ class SchedulerStateMachine:
             self._remove_group(g, t)
         g = Group(req, seq, scope.chain.info.name)
         prio = req.priority
+        devices: list[tuple[str | None, int, str | None]]
         for k, vleaves, pleaves, whole in zip(req.pod_sizes, vplace, pplace, wholes):
             if whole is not None and cl.use_node(g, whole[0], whole[1], prio, t):
                 rtype = whole[0].root.ctype
@@ -1002,7 +1027,7 @@ class SchedulerStateMachine:
         config = load_config(raw)
         new = SchedulerStateMachine(config)
         report = new._adopt(self)
-        self.__dict__.update(new.__dict__)
+        self._take(new)
         report["scheduled"] = self._retry_pending()
         report["ok"] = True
         return report
@@ -1035,7 +1060,7 @@ class SchedulerStateMachine:
                     # cells at once): nothing to track
                     pleaves: list[PCell | None] = [None] * len(op.devices)
                 else:
-                    pleaves = [cl.leaf_by_device.get((node, idx)) for node, idx, _ in op.devices]
+                    pleaves = [cl.leaf_by_device.get((node, idx)) for node, idx, _ in op.devices]  # type: ignore[arg-type]
                 pod = Pod(op.k, list(op.devices), pleaves, None)
                 pod.released = op.released
                 g.pods.append(pod)
@@ -1116,6 +1141,7 @@ class SchedulerStateMachine:
         while path[-1].level < level:
             path.append(path[-1].parent)  # type: ignore[arg-type]
         top = path[-1]
+        v: VCell | None
         if top.vcell is not None:
             v = top.vcell
             if v.scope is not scope:

@@ -545,12 +545,12 @@ class MapPlan:
                     if counts_shortfall(info, trial, trial_demand) is not None:
                         break  # every cell of this level splits alike: try a higher level
                 path: list[tuple[PCell, list[PCell | None]]] = []
-                x = target
-                while x is not c:
-                    parent = x.parent
+                xc = target
+                while xc is not c:
+                    parent = xc.parent
                     assert parent is not None
-                    path.append((parent, [k for k in parent.children if k is not x]))
-                    x = parent
+                    path.append((parent, [k for k in parent.children if k is not xc]))
+                    xc = parent
                 path.reverse()
                 return c, target, path
         return None

@@ -1011,7 +1011,7 @@ def _what_if_pod(m: SchedulerStateMachine, cmd: dict[str, Any]) -> dict[str, Any
     return out
 
 
-HANDLERS = {
+HANDLERS: dict[str, Any] = {
     "what_if": cmd_what_if,
     "pod_schedule": cmd_pod_schedule,
     "pod_preempt": cmd_pod_preempt,

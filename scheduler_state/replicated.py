@@ -273,8 +273,7 @@ class ReplicatedScheduler:
             if self.observer is not None:
                 self.observer(None, None, 0)
             return
-        m = SchedulerStateMachine.__new__(SchedulerStateMachine)
-        m.restore(inner)
+        m = SchedulerStateMachine.from_snapshot(inner)
         self.inner, self.config_hash = m, chash
         if self.observer is not None:
             self.observer(None, None, 0)

@@ -287,8 +287,7 @@ def stream(profile: str, seed: int, steps: int, check_every: int = CHECK_EVERY,
     g = _Gen(profile, seed)
     for step in range(steps):
         if restore_every and step and step % restore_every == 0:
-            copy_ = SchedulerStateMachine.__new__(SchedulerStateMachine)
-            copy_.restore(g.m.snapshot())
+            copy_ = SchedulerStateMachine.from_snapshot(g.m.snapshot())
             if check_every and check(copy_):  # every kept counter and index rebuilt by restore
                 raise AssertionError(f"{profile}/{seed} step {step}: restored state: {check(copy_)[:3]}")
             g.m = copy_

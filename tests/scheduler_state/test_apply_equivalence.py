@@ -134,8 +134,7 @@ def run(nodes: int, vcs: int, seed: int, ops: int, utilization: float, lazy: flo
         if i in restore_at:
             blob = m.snapshot()
             h.update(hashlib.sha256(blob).digest())
-            m = SchedulerStateMachine.__new__(SchedulerStateMachine)
-            m.restore(blob)
+            m = SchedulerStateMachine.from_snapshot(blob)
             assert m.snapshot() == blob
         if i in reconfigure:
             flush()

@@ -291,8 +291,7 @@ def test_snapshot_restore_and_reconfigure_with_pods_and_preemption():
     schedule(m, "h", high, op="pod_preempt")
     schedule(m, "a", pspec("j/a", "vc-a", 3, 2, 2))
     blob = m.snapshot()
-    other = SchedulerStateMachine.__new__(SchedulerStateMachine)
-    other.restore(blob)
+    other = SchedulerStateMachine.from_snapshot(blob)
     assert other.snapshot() == blob and check(other) == []
     # the restored machine decides like the original
     for mm in (m, other):
@@ -381,8 +380,7 @@ def test_any_pod_command_sequence_keeps_invariants_and_replays(seq, cut):
             before = m.snapshot()
             w = m.query(cmd)
             assert m.snapshot() == before, (cmd, w)
-            copy = SchedulerStateMachine.__new__(SchedulerStateMachine)
-            copy.restore(before)
+            copy = SchedulerStateMachine.from_snapshot(before)
             r = copy.apply({**cmd, "op": "pod_schedule"})
             if not w["ok"]:
                 assert not r["ok"] and r["error"] == w["error"], (w, r)
@@ -397,8 +395,7 @@ def test_any_pod_command_sequence_keeps_invariants_and_replays(seq, cut):
         log.append(cmd)
         run(m, cmd)
         if len(log) == cut:  # snapshot/restore at a random point decides like the original
-            copy = SchedulerStateMachine.__new__(SchedulerStateMachine)
-            copy.restore(m.snapshot())
+            copy = SchedulerStateMachine.from_snapshot(m.snapshot())
             assert copy.snapshot() == m.snapshot()
             m = copy
     replay = fresh()

@@ -223,8 +223,7 @@ def test_reservation_of_a_cell_an_opportunistic_victim_runs_on() -> None:
     r = run(m, {"op": "allocate", "group": pspec("o2", "vc1", -1, 1, 1), "wait": False})
     assert not r["ok"], r  # before: placed on the free half of the preemptor's node
     # snapshot/restore keeps the Reserving bindings exactly
-    copy = SchedulerStateMachine.__new__(SchedulerStateMachine)
-    copy.restore(m.snapshot())
+    copy = SchedulerStateMachine.from_snapshot(m.snapshot())
     assert copy.snapshot() == m.snapshot() and check(copy) == []
     for mm in (m, copy):
         r = run(mm, {"op": "pod_delete", "pod": {"uid": "o0"}})
@@ -277,8 +276,7 @@ def test_snapshot_restore_with_reservations() -> None:
     restored machine decides like the original."""
     m, node = preempting_on_half_free_node()
     blob = m.snapshot()
-    copy = SchedulerStateMachine.__new__(SchedulerStateMachine)
-    copy.restore(blob)
+    copy = SchedulerStateMachine.from_snapshot(blob)
     assert copy.snapshot() == blob and check(copy) == []
     assert reserved(copy, "high") == [(node, 0), (node, 1)]
     for mm in (m, copy):
