@@ -530,6 +530,7 @@ async def run_bench(*, modes: tuple[str, ...] = MODES, replicas: int = 3, nodes:
                     seed: int = 1, machine_ops: int = 20_000, node_options: dict[str, Any] | None = None,
                     progress: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Run the chosen modes on one generated cluster; the figures (module docstring)."""
+    import scheduler_state
     from scheduler_state.bench import generate_config
     from scheduler_state.config import ConfigError, load_config
 
@@ -547,6 +548,8 @@ async def run_bench(*, modes: tuple[str, ...] = MODES, replicas: int = 3, nodes:
         "nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "vcs": vcs, "replicas": replicas, "clients": clients,
         "seconds": seconds, "warmup": warmup, "fsync": fsync, "seed": seed, "cpus": os.cpu_count(),
         "node_options": node_options or {}, "load_avg_before": load_average(), "modes": {},
+        # the scheduler's hot modules compiled (mypyc) here, so in the replicas started (same install and env)
+        "compiled": scheduler_state.COMPILED,
     }
     common = dict(replicas=replicas, nodes=nodes, vcs=vcs, clients=clients, seconds=seconds, warmup=warmup,
                   fsync=fsync, seed=seed, progress=progress, node_options=node_options)
@@ -595,7 +598,8 @@ def _describe_mode(mode: str, replicas: int, clients: int, nodes: int, machine_o
 def summary_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"{result['nodes']} nodes / {result['gpus']} GPUs, {result['vcs']} VCs, {result['replicas']} replicas, "
              f"{result['clients']} clients, {result['seconds']:g} s per mode, fsync={result['fsync']}, "
-             f"{result['cpus']} CPUs, load average {result['load_avg_before']} -> {result['load_avg_after']}",
+             f"{result['cpus']} CPUs, load average {result['load_avg_before']} -> {result['load_avg_after']}, "
+             f"scheduler {'compiled (mypyc)' if result.get('compiled') else 'pure Python'}",
              f"  {'mode':10s} {'ops/s':>9s} {'allocs/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
              f"{'errors':>7s} {'vs machine':>10s} {'CPU ms/op':>10s} {'cores':>6s}"]
     ratios = result.get("ratio_to_machine", {})

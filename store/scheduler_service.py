@@ -49,6 +49,7 @@ from typing import Any
 
 from consensus.runtime import clientwire
 from consensus.runtime.node import Node
+import scheduler_state
 from scheduler_state.events import events_of
 from scheduler_state.replicated import BATCH, encode_checked
 
@@ -435,6 +436,7 @@ class SchedulerService:
             "is_sequencer": lead == node.cfg.node_id, "lease": st.get("lease"), "exec_slot": st.get("exec_slot"),
             "applied": node.replica.executor.applied, "digest": node._digest(), "config_hash": self.config_hash,
             "config_checked": self.ready, "reachable": node.peers_reachable(), "replicas": len(node.cfg.peers),
+            "compiled": scheduler_state.COMPILED,  # the mypyc build of its hot modules
         }
         inner = getattr(node.machine, "inner", None)
         if inner is not None:

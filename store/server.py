@@ -627,7 +627,12 @@ async def _run_epoch(cfg: NodeConfig, ready_file: str | None, life: _Lifetime, p
     client_host, client_port = cfg.client_address
     http = f", http {cfg.extra['http'][0]}:{cfg.extra['http'][1]}" if cfg.extra.get("http") else ""
     epoch = f", epoch {cfg.epoch}" if cfg.epoch else ""
-    sys.stderr.write(f"cellar serve: replica {cfg.node_id} of {len(cfg.peers)}{epoch} ({cfg.protocol}, {cfg.machine}, "
+    build = ""
+    if cfg.machine == "scheduler":
+        import scheduler_state
+
+        build = " compiled" if scheduler_state.COMPILED else " pure Python"
+    sys.stderr.write(f"cellar serve: replica {cfg.node_id} of {len(cfg.peers)}{epoch} ({cfg.protocol}, {cfg.machine}{build}, "
                      f"fsync {cfg.fsync}): peers {peer_host}:{peer_port}, clients {client_host}:{client_port}{http}; "
                      f"data {cfg.data_dir}; recovered to slot {st.get('exec_slot', 0)}, view {st.get('view')}\n")
     sys.stderr.flush()
