@@ -1,11 +1,13 @@
 """Which build of the hot modules runs: the mypyc-compiled one or the ``.py`` files.
 
 ``setup.py`` compiles ``cells``, ``placement`` and ``machine`` with mypyc at install
-time (the same source) and records the sha256 of each compiled source in
-``_compiled.json`` beside the extensions. ``guard()``, called by the package before it
-imports them, lets the compiled modules load only when every source still hashes to
-that record and ``CELLAR_PURE_PYTHON`` is unset (or 0): an edited checkout never runs
-stale compiled code, it runs the ``.py`` files until rebuilt (``pip install -e .``).
+time (the same source) and records, in ``_compiled.json`` beside the extensions, the
+sha256 of every module of the package and of every library it built. ``guard()``,
+called by the package before it imports them, lets the compiled modules load only when
+all of those still hash to that record and ``CELLAR_PURE_PYTHON`` is unset (or 0), and
+loads the build's shared library from its recorded path: an edited checkout never runs
+stale, partial or another install's compiled code, it runs the ``.py`` files until
+rebuilt (``pip install -e .``).
 Both builds decide alike (tests/scheduler_state/test_compiled.py replays the golden
 streams under each), so replicas of either kind may share a cluster."""
 
@@ -23,20 +25,63 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ("cells", "placement", "machine")
 
 
-def is_current() -> bool:
-    """True when the compiled modules may run: not refused by ``CELLAR_PURE_PYTHON``,
-    and every compiled source hashes to what the build recorded in ``_compiled.json``."""
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _record() -> dict | None:
+    """The build's record when the compiled modules may run, else None: not refused by
+    ``CELLAR_PURE_PYTHON``; every module of the package (the compiled code has the types
+    of the modules it imports built in) hashes to what the build recorded, and no module
+    was added or removed; every library it built is there and hashes to its record."""
     if os.environ.get("CELLAR_PURE_PYTHON", "") not in ("", "0"):
-        return False
+        return None
     try:
         with open(os.path.join(HERE, "_compiled.json")) as f:
-            recorded = json.load(f)["sources"]
-        for name in MODULES:
-            with open(os.path.join(HERE, name + ".py"), "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != recorded.get(name):
-                    return False
+            record = json.load(f)
+        sources = record["sources"]
+        libraries = record["libraries"]
+        present = sorted(n[:-3] for n in os.listdir(HERE) if n.endswith(".py"))
+        if present != sorted(sources) or not libraries:
+            return None
+        for name in present:
+            if _sha256(os.path.join(HERE, name + ".py")) != sources[name]:
+                return None
+        root = os.path.dirname(HERE)
+        for rel, digest in libraries.items():
+            if _sha256(os.path.join(root, rel)) != digest:
+                return None
+        return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return None
+
+
+def is_current() -> bool:
+    """True when the compiled modules may run (``_record``)."""
+    return _record() is not None
+
+
+def _load_group(record: dict) -> bool:
+    """Load the build's shared library from its recorded path (not whatever of that name
+    ``sys.path`` finds first), so the compiled modules link to it. False if it will not."""
+    root = os.path.dirname(HERE)
+    for rel in record["libraries"]:
+        if os.path.dirname(rel):
+            continue  # a module's own file, inside the package
+        name = os.path.basename(rel).split(".", 1)[0]
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location(name, os.path.join(root, rel))
+            if spec is None or spec.loader is None:
+                return False
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        except Exception:  # noqa: BLE001 - any failure: the .py files run instead
+            sys.modules.pop(name, None)
+            return False
     return True
 
 
@@ -53,8 +98,9 @@ class FromSource:
 
 def guard() -> None:
     """Before the package imports the hot modules: the ``.py`` files unless the
-    compiled build is current."""
-    if not is_current() and not any(isinstance(f, FromSource) for f in sys.meta_path):
+    compiled build is current and its shared library loads."""
+    record = _record()
+    if (record is None or not _load_group(record)) and not any(isinstance(f, FromSource) for f in sys.meta_path):
         sys.meta_path.insert(0, FromSource())
 
 
