@@ -17,6 +17,7 @@ setting is in pyproject.toml.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -61,7 +62,10 @@ class OptionalBuildExt(build_ext):
         return paths
 
     def run(self) -> None:
-        for path in self._outputs():  # an earlier build's files never outlive this one
+        # an earlier build's files never outlive this one: its libraries (named after
+        # its sources, so maybe not this build's names) and its record
+        root = os.path.dirname(os.path.dirname(self.get_ext_fullpath("scheduler_state.cells")))
+        for path in [*self._outputs(), *glob.glob(os.path.join(root, "cellar_scheduler_*__mypyc*"))]:
             if os.path.exists(path):
                 os.remove(path)
         try:
