@@ -207,21 +207,52 @@ def check_history(histories: dict[int, dict], finals: dict[int, set[str]], w: Wo
     return problems[:20]
 
 
-async def fetch_history(http: SchedulerHTTP, endpoint: str) -> dict:
-    events: list[dict] = []
-    after, start = 0, None
-    for _ in range(100):  # bounded: 100 pages of 10,000
-        status, body = await http.one(endpoint, "GET", f"/v1/events?after={after}&limit=10000")
-        if status != 200:
-            raise RuntimeError(f"{endpoint}/v1/events: HTTP {status}")
-        start = body["from"] if start is None else start
-        if not body["events"]:
-            break
-        events.extend(body["events"])
-        after = body["events"][-1]["position"]
-        if len(body["events"]) < 10000:
-            break
-    return {"from": start, "events": events}
+class HistoryCollector:
+    """Every replica's change-feed history (``GET /v1/events``), read while the demo
+    runs (``poll`` every half second) and once more at the end, so the check never
+    depends on how many events a replica keeps (``FEED_HISTORY_MAX``): a faster run
+    only means more pages. Per replica: ``from``, the first position it has all events
+    of, and the events since; a replica whose kept history no longer reaches the next
+    position it owes (restarted from its WAL or a snapshot) starts over from what it
+    keeps, as a history that does not begin at position 1."""
+
+    def __init__(self, replicas: int) -> None:
+        self.state: dict[int, dict[str, Any]] = {i: {"from": None, "events": [], "after": 0}
+                                                 for i in range(replicas)}
+
+    async def poll(self, http: SchedulerHTTP, strict: bool = False) -> None:
+        for i, ep in enumerate(http.endpoints):  # its endpoints, as it spells them (http://...)
+            try:
+                await self._poll_one(http, i, ep)
+            except Exception:  # noqa: BLE001 - a replica down (the killed sequencer): later
+                if strict:
+                    raise
+
+    async def _poll_one(self, http: SchedulerHTTP, i: int, ep: str) -> None:
+        st = self.state[i]
+        for _ in range(1000):  # bounded: 1000 pages of 10,000 events
+            status, body = await http.one(ep, "GET", f"/v1/events?after={st['after']}&limit=10000")
+            if status != 200:
+                raise RuntimeError(f"{ep}/v1/events: HTTP {status}")
+            start = body["from"]
+            if start is None:
+                return  # a snapshot replaced its state: nothing kept yet
+            if st["from"] is None or start > st["after"] + 1:  # first read, or a gap
+                if st["from"] is not None:
+                    st["after"] = start - 1  # start over from what it keeps
+                    status, body = await http.one(ep, "GET", f"/v1/events?after={st['after']}&limit=10000")
+                    if status != 200 or body["from"] != start:
+                        return  # moved again: the next poll
+                st["from"], st["events"] = start, []
+            if not body["events"]:
+                return
+            st["events"].extend(body["events"])
+            st["after"] = body["events"][-1]["position"]
+            if len(body["events"]) < 10000:
+                return
+
+    def histories(self) -> dict[int, dict]:
+        return {i: {"from": st["from"], "events": st["events"]} for i, st in self.state.items()}
 
 
 async def run_scheduler_demo(replicas: int, seconds: float, workers: int, seed: int, hived_config: str,
@@ -309,8 +340,17 @@ async def run_scheduler_demo(replicas: int, seconds: float, workers: int, seed: 
                     sys.stdout.write(f"\r{line}   " if tty else f"{line}\n")
                     sys.stdout.flush()
 
+        collector = HistoryCollector(replicas)
+        collect_http = SchedulerHTTP(endpoints, timeout_s=10.0)
+        await collect_http.__aenter__()
+
+        async def collect() -> None:
+            while not stop.is_set():
+                await collector.poll(collect_http)
+                await asyncio.sleep(0.5)
+
         tasks = [asyncio.create_task(chaos()), asyncio.create_task(bad_node_schedule()),
-                 asyncio.create_task(progress())]
+                 asyncio.create_task(progress()), asyncio.create_task(collect())]
         work = [asyncio.create_task(worker(w, c, stop)) for c in clients]
         await asyncio.sleep(seconds)
         stop.set()
@@ -323,10 +363,11 @@ async def run_scheduler_demo(replicas: int, seconds: float, workers: int, seed: 
         # converge, then check every replica
         async with SchedulerHTTP(endpoints, timeout_s=10.0) as probe:
             statuses = await converge(probe, replicas, 60)
-            histories: dict[int, dict] = {}
+            await collector.poll(probe, strict=True)
+            await collect_http.close()
+            histories = collector.histories()
             finals: dict[int, set[str]] = {}
             for i, ep in enumerate(probe.endpoints):
-                histories[i] = await fetch_history(probe, ep)
                 code, body = await probe.one(ep, "GET", "/v1/inspect/affinitygroups/?consistency=serializable")
                 finals[i] = {g["metadata"]["name"] for g in body.get("items", [])
                              if g["status"]["state"] == "Allocated"} if code == 200 else set()

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from store.scheduler_demo import Workload, check_history
+from store.scheduler_demo import HistoryCollector, Workload, check_history
 
 
 def test_short_scheduler_demo_exits_0_with_every_check_passing():
@@ -56,3 +56,58 @@ def test_checker_catches_lost_doubled_and_diverging_state():
     w.acked_placed["b"] = {"n0": [2]}
     problems = check_history({0: {"from": 1, "events": good}}, {0: {"b"}}, w)
     assert any("release of b" in p for p in problems) and any("placement" in p for p in problems)
+
+
+class _FakeReplica:
+    """``GET /v1/events`` of a replica that keeps only its last ``keep`` events."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.events: list[dict] = []
+        self.first = 1  # the first position it still keeps every event of
+
+    def commit(self, n: int) -> None:
+        for _ in range(n):
+            pos = (self.events[-1]["position"] if self.events else self.first - 1) + 1
+            self.events.append({"position": pos, "type": "placed", "group": f"g{pos}"})
+        if len(self.events) > self.keep:
+            del self.events[:len(self.events) - self.keep]
+            self.first = self.events[0]["position"]
+
+    def page(self, after: int, limit: int) -> dict:
+        return {"from": self.first, "events": [e for e in self.events if e["position"] > after][:limit]}
+
+
+class _FakeHTTP:
+    def __init__(self, replicas: list[_FakeReplica]) -> None:
+        self.replicas = replicas
+        self.endpoints = [f"http://r{i}" for i in range(len(replicas))]
+
+    async def one(self, endpoint: str, method: str, path: str) -> tuple[int, dict]:
+        from urllib.parse import parse_qs, urlsplit
+
+        q = parse_qs(urlsplit(path).query)
+        r = self.replicas[self.endpoints.index(endpoint)]
+        return 200, r.page(int(q["after"][0]), int(q["limit"][0]))
+
+
+async def test_the_history_is_collected_across_the_replicas_bound_and_a_restart():
+    """The demo reads each replica's history while it runs: more events in all than a
+    replica keeps still make one whole history from position 1 (the run that found it:
+    the compiled build made the demo fast enough to overflow FEED_HISTORY_MAX); a
+    replica whose kept history jumped past what was read (a restart) starts over."""
+    steady, restarted = _FakeReplica(keep=50), _FakeReplica(keep=50)
+    http = _FakeHTTP([steady, restarted])
+    collector = HistoryCollector(2)
+    for _ in range(10):
+        steady.commit(40)
+        restarted.commit(40)
+        await collector.poll(http, strict=True)
+    restarted.commit(200)  # far more than it keeps since the last read: a gap
+    steady.commit(30)
+    await collector.poll(http, strict=True)
+    got = collector.histories()
+    assert got[0]["from"] == 1
+    assert [e["position"] for e in got[0]["events"]] == list(range(1, 431))
+    assert got[1]["from"] == restarted.first == 551
+    assert [e["position"] for e in got[1]["events"]] == list(range(551, 601))
