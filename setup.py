@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -31,22 +32,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = os.path.join(HERE, "scheduler_state")
 
 
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def _record_module():  # noqa: ANN202
+    """``scheduler_state/compiled.py`` (standard library only), loaded by path without
+    importing the package: one definition of the record the build writes and the
+    package checks."""
+    spec = importlib.util.spec_from_file_location("_cellar_compiled", os.path.join(PACKAGE_DIR, "compiled.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _sources() -> dict[str, str]:
-    """Every module of the package, not only the compiled ones: the compiled code has
-    the types of the modules it imports built in (a Request's fields, say)."""
-    return {name[:-3]: _sha256(os.path.join(PACKAGE_DIR, name))
-            for name in sorted(os.listdir(PACKAGE_DIR)) if name.endswith(".py")}
+RECORD = _record_module()
 
 
 def _group_name() -> str:
     """The shared library's module name, unique to these sources: two builds never
     share one name, so another install's library is never taken for this one's."""
-    h = hashlib.sha256(json.dumps(_sources(), sort_keys=True).encode()).hexdigest()
+    h = hashlib.sha256(json.dumps(RECORD.sources(PACKAGE_DIR), sort_keys=True).encode()).hexdigest()
     return f"cellar_scheduler_{h[:16]}"
 
 
@@ -54,45 +56,40 @@ class OptionalBuildExt(build_ext):
     """build_ext that falls back to pure Python (removing whatever it had built, so no
     earlier build is shipped instead), and records what it compiled."""
 
-    def _outputs(self) -> list[str]:
-        paths = [self.get_ext_fullpath(ext.name) for ext in self.extensions]
-        if self.extensions:
-            paths.append(os.path.join(os.path.dirname(self.get_ext_fullpath("scheduler_state.cells")),
-                                      "_compiled.json"))
-        return paths
+    def _record_path(self) -> str:
+        return os.path.join(os.path.dirname(self.get_ext_fullpath("scheduler_state.cells")), "_compiled.json")
 
-    def run(self) -> None:
-        # an earlier build's files never outlive this one: its libraries (named after
-        # its sources, so maybe not this build's names) and its record
-        root = os.path.dirname(os.path.dirname(self.get_ext_fullpath("scheduler_state.cells")))
-        for path in [*self._outputs(), *glob.glob(os.path.join(root, "cellar_scheduler_*__mypyc*"))]:
+    def _remove_outputs(self) -> None:
+        """This build's files, and any earlier build's libraries (named after their
+        sources, so maybe not this build's names) and record."""
+        root = os.path.dirname(os.path.dirname(self._record_path()))
+        for path in [*(self.get_ext_fullpath(ext.name) for ext in self.extensions), self._record_path(),
+                     *glob.glob(os.path.join(root, "cellar_scheduler_*__mypyc*"))]:
             if os.path.exists(path):
                 os.remove(path)
+
+    def run(self) -> None:
+        self._remove_outputs()  # an earlier build's files never outlive this one
         try:
             super().run()
         except Exception as e:  # noqa: BLE001 - any compiler failure: install pure Python
-            for path in self._outputs():
-                if os.path.exists(path):
-                    os.remove(path)
+            self._remove_outputs()
             print(f"cellar: compiling scheduler_state with mypyc failed ({type(e).__name__}: {e}); "
                   "installing pure Python", file=sys.stderr)
             return
         if not self.extensions:
             return
-        target = os.path.dirname(self.get_ext_fullpath("scheduler_state.cells"))
-        root = os.path.dirname(target)
-        libs = {}
-        for ext in self.extensions:  # each built file, relative to the folder above the package
-            path = self.get_ext_fullpath(ext.name)
-            libs[os.path.relpath(path, root)] = _sha256(path)
+        root = os.path.dirname(os.path.dirname(self._record_path()))
+        libs = {os.path.relpath(path, root): RECORD.sha256(path)  # each built file, from the folder above the package
+                for path in (self.get_ext_fullpath(ext.name) for ext in self.extensions)}
         import mypy.version
 
-        with open(os.path.join(target, "_compiled.json"), "w") as f:
-            json.dump({"sources": _sources(), "libraries": libs, "mypy": mypy.version.__version__}, f,
-                      sort_keys=True, indent=1)
+        with open(self._record_path(), "w") as f:
+            json.dump({"sources": RECORD.sources(PACKAGE_DIR), "libraries": libs, "mypy": mypy.version.__version__},
+                      f, sort_keys=True, indent=1)
 
     def get_outputs(self) -> list[str]:
-        return list(super().get_outputs()) + self._outputs()[len(self.extensions):]
+        return [*super().get_outputs(), *([self._record_path()] if self.extensions else [])]
 
 
 def _ext_modules() -> list:

@@ -25,9 +25,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ("cells", "placement", "machine")
 
 
-def _sha256(path: str) -> str:
+def sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def sources(package_dir: str) -> dict[str, str]:
+    """Every module of the package, name -> sha256: what a build records and what must
+    still hold for it to run (setup.py loads this file to write the record)."""
+    return {n[:-3]: sha256(os.path.join(package_dir, n)) for n in sorted(os.listdir(package_dir)) if n.endswith(".py")}
 
 
 def _record() -> dict | None:
@@ -40,17 +46,12 @@ def _record() -> dict | None:
     try:
         with open(os.path.join(HERE, "_compiled.json")) as f:
             record = json.load(f)
-        sources = record["sources"]
         libraries = record["libraries"]
-        present = sorted(n[:-3] for n in os.listdir(HERE) if n.endswith(".py"))
-        if present != sorted(sources) or not libraries:
+        if not libraries or sources(HERE) != record["sources"]:
             return None
-        for name in present:
-            if _sha256(os.path.join(HERE, name + ".py")) != sources[name]:
-                return None
         root = os.path.dirname(HERE)
         for rel, digest in libraries.items():
-            if _sha256(os.path.join(root, rel)) != digest:
+            if sha256(os.path.join(root, rel)) != digest:
                 return None
         return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

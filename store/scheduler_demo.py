@@ -237,12 +237,9 @@ class HistoryCollector:
             start = body["from"]
             if start is None:
                 return  # a snapshot replaced its state: nothing kept yet
-            if st["from"] is None or start > st["after"] + 1:  # first read, or a gap
-                if st["from"] is not None:
-                    st["after"] = start - 1  # start over from what it keeps
-                    status, body = await http.one(ep, "GET", f"/v1/events?after={st['after']}&limit=10000")
-                    if status != 200 or body["from"] != start:
-                        return  # moved again: the next poll
+            if st["from"] is None or start > st["after"] + 1:
+                # first read, or a gap: start over from what it keeps (this page's
+                # events are those from ``start`` on)
                 st["from"], st["events"] = start, []
             if not body["events"]:
                 return
