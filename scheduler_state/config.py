@@ -211,6 +211,35 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
+SKU_QUANTITIES = ("gpu", "cpu")  # HiveD's SkuType: gpu, cpu (int32) and memory (a quantity)
+_INT32_MAX = (1 << 31) - 1
+
+
+def _sku_name(k: Any) -> str:
+    if isinstance(k, bool) or not isinstance(k, (str, int)) or k == "":
+        raise ConfigError(f"physicalCluster.skuTypes: {k!r} is not a sku type name")
+    return str(k)
+
+
+def _sku(name: Any, v: Any) -> Any:
+    """One ``skuTypes`` entry: a mapping whose ``gpu`` and ``cpu`` (if given) are
+    non-negative integers and whose ``memory`` is a quantity (``8192Mi``) or a number
+    of bytes; other fields are kept as given (HiveD ignores them)."""
+    label = f"physicalCluster.skuTypes.{name}"
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ConfigError(f"{label}: must be a mapping (gpu, cpu, memory), got {type(v).__name__}")
+    for field in SKU_QUANTITIES:
+        n = v.get(field)
+        if n is not None and (not _is_int(n) or not 0 <= n <= _INT32_MAX):
+            raise ConfigError(f"{label}: {field} must be a non-negative integer, got {n!r}")
+    mem = v.get("memory")
+    if mem is not None and not ((isinstance(mem, str) and mem.strip()) or (_is_int(mem) and mem >= 0)):
+        raise ConfigError(f"{label}: memory must be a quantity such as 8192Mi or a number of bytes, got {mem!r}")
+    return _plain(v)
+
+
 class _Parser:
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
@@ -223,7 +252,7 @@ class _Parser:
         sku_raw = pc.get("skuTypes") or {}
         if not isinstance(sku_raw, dict):
             raise ConfigError("physicalCluster.skuTypes: must be a mapping")
-        sku_types = {str(k): _plain(v) for k, v in sku_raw.items()}
+        sku_types = {_sku_name(k): _sku(k, v) for k, v in sku_raw.items()}
         cell_types = self._cell_types(pc.get("cellTypes"), sku_types)
         chains: dict[str, ChainInfo] = {}
         physical = self._physical_cells(pc.get("physicalCells"), cell_types, chains)
@@ -379,10 +408,12 @@ class _Parser:
         if level == 1:
             if spec.get("cellChildren"):
                 raise ConfigError(f"{label}: leaf cell ({ctype}) cannot have cellChildren")
-            try:
-                int(address)
-            except ValueError:
-                raise ConfigError(f"{label}: leaf cell address {address!r} must be an integer device index") from None
+            # A device index in decimal digits, as HiveD reads it (Go's strconv.Atoi):
+            # Python's int() would also take "1_0" (device 10), " 3", "+3", "-1" and
+            # non-ASCII digits.
+            if not (address.isascii() and address.isdigit()):
+                raise ConfigError(f"{label}: leaf cell address {address!r} must be an integer device index "
+                                  "(decimal digits)")
             return PhysicalSpec(ctype, address, path, pinned, [], label)
         n = chain.child_numbers[level - 1]
         kids_raw = spec.get("cellChildren")

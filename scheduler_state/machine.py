@@ -99,7 +99,7 @@ READ_OPS = frozenset({"cluster_status", "vc_status", "group_status", "list_group
                       "list_pods", "what_if"})
 SCHEDULER_KEY = "scheduler"  # the one key of the lease-read history (module docstring)
 PENDING_MAX = 4096  # bound on the pending queue; a full queue answers "waiting", unqueued
-TIME_MS_MAX = 2**62  # keeps now_ms + ttl_ms inside msgpack's int64
+TIME_MS_MAX = 2**62  # now_ms + ttl_ms <= 2**63: inside msgpack's uint64 (a lease at 2**63 is past int64)
 
 
 class CommandError(ValueError):

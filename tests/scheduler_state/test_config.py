@@ -224,6 +224,47 @@ def test_node_addresses_and_devices() -> None:
     bad(d, "physicalCells[0].cellChildren[0].cellChildren[0]", "must be an integer device index")
 
 
+@pytest.mark.parametrize("address", ["1_0", " 1", "+1", "-1", "1.0", "\u0661", "0x1"])
+def test_a_leaf_address_is_decimal_digits(address: str) -> None:
+    """HiveD reads a device index with Go's strconv.Atoi; Python's int() also takes
+    "1_0" (device 10), signs, spaces and non-ASCII digits (review 70)."""
+    d = doc()
+    d["physicalCluster"]["physicalCells"][0]["cellChildren"][0]["cellChildren"] = [
+        {"cellAddress": address}, {"cellAddress": 1}, {"cellAddress": 2}, {"cellAddress": 3}]
+    bad(d, "physicalCells[0].cellChildren[0].cellChildren[0]", "must be an integer device index")
+
+
+def test_leaf_addresses_with_leading_zeros_name_the_same_device() -> None:
+    d = doc()
+    d["physicalCluster"]["physicalCells"][0]["cellChildren"][0]["cellChildren"] = [
+        {"cellAddress": "0"}, {"cellAddress": "01"}, {"cellAddress": "1"}, {"cellAddress": 3}]
+    bad(d, "physicalCells[0].cellChildren[0].cellChildren[2]", "device 1 of node 'node1' is already defined")
+
+
+@pytest.mark.parametrize("sku, text", [
+    ("K80", "must be a mapping"),
+    ({"gpu": "one"}, "gpu must be a non-negative integer"),
+    ({"gpu": -1}, "gpu must be a non-negative integer"),
+    ({"gpu": True}, "gpu must be a non-negative integer"),
+    ({"cpu": 4.5}, "cpu must be a non-negative integer"),
+    ({"cpu": 1 << 31}, "cpu must be a non-negative integer"),
+    ({"memory": [1]}, "memory must be a quantity"),
+    ({"memory": -5}, "memory must be a quantity"),
+])
+def test_sku_types_are_checked(sku: object, text: str) -> None:
+    d = doc()
+    d["physicalCluster"]["skuTypes"]["K80"] = sku
+    bad(d, "physicalCluster.skuTypes.K80", text)
+
+
+def test_sku_types_as_hived_writes_them_load() -> None:
+    d = doc()
+    d["physicalCluster"]["skuTypes"]["K80"] = {"gpu": 1, "cpu": 4, "memory": "8192Mi"}
+    cfg = load_config(d)
+    assert cfg.sku_types["K80"] == {"gpu": 1, "cpu": 4, "memory": "8192Mi"}
+    assert load_config(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
 def test_negative_and_non_integer_numbers() -> None:
     d = doc()
     d["physicalCluster"]["cellTypes"]["K80-NODE"]["childCellNumber"] = -4
