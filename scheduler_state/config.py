@@ -408,9 +408,8 @@ class _Parser:
         if level == 1:
             if spec.get("cellChildren"):
                 raise ConfigError(f"{label}: leaf cell ({ctype}) cannot have cellChildren")
-            # A device index in decimal digits, as HiveD reads it (Go's strconv.Atoi):
-            # Python's int() would also take "1_0" (device 10), " 3", "+3", "-1" and
-            # non-ASCII digits.
+            # A device index: decimal digits only. Python's int() would also take "1_0"
+            # (device 10), " 3", "+3", "-1" and non-ASCII digits.
             if not (address.isascii() and address.isdigit()):
                 raise ConfigError(f"{label}: leaf cell address {address!r} must be an integer device index "
                                   "(decimal digits)")

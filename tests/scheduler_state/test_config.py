@@ -226,8 +226,8 @@ def test_node_addresses_and_devices() -> None:
 
 @pytest.mark.parametrize("address", ["1_0", " 1", "+1", "-1", "1.0", "\u0661", "0x1"])
 def test_a_leaf_address_is_decimal_digits(address: str) -> None:
-    """HiveD reads a device index with Go's strconv.Atoi; Python's int() also takes
-    "1_0" (device 10), signs, spaces and non-ASCII digits (review 70)."""
+    """A device index is decimal digits; Python's int() also takes "1_0" (device
+    10), signs, spaces and non-ASCII digits (review 70)."""
     d = doc()
     d["physicalCluster"]["physicalCells"][0]["cellChildren"][0]["cellChildren"] = [
         {"cellAddress": address}, {"cellAddress": 1}, {"cellAddress": 2}, {"cellAddress": 3}]
