@@ -13,10 +13,11 @@ the scheduler model does not use are ignored). Public interface:
 Validated constraints (HiveD's ``config/design.yaml`` lists them):
 
 1. cell types form a forest: every ``childCellType`` chain ends at a leaf type, no cycles;
-   when ``skuTypes`` is given, every leaf type must be one of them;
+   when ``skuTypes`` is given, every leaf type must be one of them, and each sku type is
+   a mapping whose ``gpu``/``cpu`` are non-negative integers and ``memory`` a quantity;
 2. each top-level physical cell's type chain has exactly one ``isNodeLevel`` type, at or
    below the top; node-level cells carry a ``cellAddress`` (the K8s node name), node names
-   are unique and leaf addresses are integer device indices, unique within a node;
+   are unique and leaf addresses are device indices in decimal digits, unique within a node;
 3. each physical cell specifies its full hierarchy: ``cellChildren`` is empty (inferred) or
    has exactly ``childCellNumber`` entries;
 4. ``pinnedCellId`` values are unique, not nested, and each is referred to by one VC once;
@@ -33,6 +34,7 @@ cells get device indices ``0..n-1``; a cell's full address is its parent's plus 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +215,9 @@ def _plain(v: Any) -> Any:
 
 SKU_QUANTITIES = ("gpu", "cpu")  # HiveD's SkuType: gpu, cpu (int32) and memory (a quantity)
 _INT32_MAX = (1 << 31) - 1
+# A non-negative Kubernetes quantity: a decimal number with an optional binary (Ki..Ei),
+# decimal (n, u, m, k, M..E) or exponent suffix.
+_QUANTITY = re.compile(r"\+?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
 
 
 def _sku_name(k: Any) -> str:
@@ -235,7 +240,7 @@ def _sku(name: Any, v: Any) -> Any:
         if n is not None and (not _is_int(n) or not 0 <= n <= _INT32_MAX):
             raise ConfigError(f"{label}: {field} must be a non-negative integer, got {n!r}")
     mem = v.get("memory")
-    if mem is not None and not ((isinstance(mem, str) and mem.strip()) or (_is_int(mem) and mem >= 0)):
+    if mem is not None and not ((isinstance(mem, str) and _QUANTITY.fullmatch(mem)) or (_is_int(mem) and mem >= 0)):
         raise ConfigError(f"{label}: memory must be a quantity such as 8192Mi or a number of bytes, got {mem!r}")
     return _plain(v)
 

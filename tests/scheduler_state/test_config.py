@@ -250,6 +250,9 @@ def test_leaf_addresses_with_leading_zeros_name_the_same_device() -> None:
     ({"cpu": 1 << 31}, "cpu must be a non-negative integer"),
     ({"memory": [1]}, "memory must be a quantity"),
     ({"memory": -5}, "memory must be a quantity"),
+    ({"memory": "lots"}, "memory must be a quantity"),
+    ({"memory": "8192 Mi"}, "memory must be a quantity"),
+    ({"memory": "-1Gi"}, "memory must be a quantity"),
 ])
 def test_sku_types_are_checked(sku: object, text: str) -> None:
     d = doc()
@@ -257,11 +260,18 @@ def test_sku_types_are_checked(sku: object, text: str) -> None:
     bad(d, "physicalCluster.skuTypes.K80", text)
 
 
-def test_sku_types_as_hived_writes_them_load() -> None:
+def test_a_sku_type_needs_a_name() -> None:
     d = doc()
-    d["physicalCluster"]["skuTypes"]["K80"] = {"gpu": 1, "cpu": 4, "memory": "8192Mi"}
+    d["physicalCluster"]["skuTypes"][None] = {"gpu": 1}
+    bad(d, "physicalCluster.skuTypes: None is not a sku type name")
+
+
+@pytest.mark.parametrize("memory", ["8192Mi", "54Gi", "1.5G", "512M", "1e9", 8589934592])
+def test_sku_types_as_hived_writes_them_load(memory: object) -> None:
+    d = doc()
+    d["physicalCluster"]["skuTypes"]["K80"] = {"gpu": 1, "cpu": 4, "memory": memory}
     cfg = load_config(d)
-    assert cfg.sku_types["K80"] == {"gpu": 1, "cpu": 4, "memory": "8192Mi"}
+    assert cfg.sku_types["K80"] == {"gpu": 1, "cpu": 4, "memory": memory}
     assert load_config(cfg.to_dict()).to_dict() == cfg.to_dict()
 
 

@@ -11,7 +11,7 @@ import scheduler_state
 PACKAGE = pathlib.Path(scheduler_state.__file__).parent
 CORE = ["cells.py", "config.py", "invariants.py", "machine.py", "placement.py", "requests.py", "inspect.py",
         "replicated.py", "health.py", "__init__.py"]
-ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "hashlib", "pathlib", "typing", "msgpack", "yaml",
+ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "hashlib", "pathlib", "re", "typing", "msgpack", "yaml",
            "scheduler_state"}
 
 
