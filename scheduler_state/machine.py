@@ -319,6 +319,12 @@ class SchedulerStateMachine:
             return {"ok": False, "error": str(missing), "not_found": True}
         except (CommandError, RequestError, ConfigError) as refused:
             return {"ok": False, "error": str(refused)}
+        except (MemoryError, RecursionError):
+            # Not the command's fault: how much memory or stack a replica has differs
+            # from one replica (and build) to the next, so any answer here would differ
+            # too, after a partial change. Raised out of apply, it stops this replica
+            # (crash-only, docs/runtime.md) instead of letting it diverge.
+            raise
         except Exception:  # noqa: BLE001 - the protocol forbids raising out of apply
             # Validation runs before any change, so this means a bug, not bad input. The
             # answer names no exception: the compiled build (scheduler_state.compiled)

@@ -347,3 +347,25 @@ def test_hived_basic_request_on_basic_config(hived: Path) -> None:
             assert nodes == {"10.151.41.21"}
         else:
             assert "10.151.41.21" not in nodes
+
+
+@pytest.mark.parametrize("exc", [MemoryError, RecursionError])
+def test_out_of_memory_or_stack_stops_the_replica_instead_of_answering(
+        busy: SchedulerStateMachine, exc: type[BaseException], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug answers "internal error" alike on every replica, but running out of memory
+    or stack is this replica's own condition: an answer would differ from the others'.
+    It leaves apply (and so the core: the node stops, crash-only) instead."""
+    import scheduler_state.machine as machine_module
+
+    def exhausted(m: Any, cmd: Any) -> Any:
+        raise exc()
+
+    def buggy(m: Any, cmd: Any) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setitem(machine_module._HANDLERS, "release", exhausted)
+    with pytest.raises(exc):
+        busy.apply({"op": "release", "group": "a"})
+    monkeypatch.setitem(machine_module._HANDLERS, "release", buggy)
+    r = busy.apply({"op": "release", "group": "a"})
+    assert r == {"ok": False, "error": "internal error: the scheduler could not apply this command (a bug)"}
