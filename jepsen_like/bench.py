@@ -4,6 +4,9 @@
     python -m jepsen_like.bench --clients 50 --ops 10000 --keys 8 --info-rate 0.03
     python -m jepsen_like.bench --scaling 10,25,50,100 --workload cas --workers 2
     python -m jepsen_like.bench --profile             # cProfile of one check, top functions
+    python -m jepsen_like.bench --json                # the same figures as one JSON object on stdout
+
+docs/checker.md has figures measured with it.
 
 Every measurement runs in a fresh interpreter (``--one``), so the peak RSS it reports
 (``ru_maxrss``: interpreter, history and checker together) belongs to that check alone. The
@@ -70,11 +73,28 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
 def _in_child(config: dict[str, Any]) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "jepsen_like.bench", "--one", json.dumps(config)],
-        check=True,
         capture_output=True,
         text=True,
     )
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        raise click.ClickException(f"measuring {config['clients']} clients, {config['ops']} ops, "
+                                   f"{config['keys']} keys failed: {lines[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _client_counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    counts = []
+    for part in value.split(","):
+        if part.strip():
+            try:
+                count = int(part)
+            except ValueError:
+                raise click.BadParameter(f"{part.strip()!r} is not a client count") from None
+            if count < 1:
+                raise click.BadParameter(f"{count}: a client count is at least 1")
+            counts.append(count)
+    return counts
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -95,10 +115,13 @@ HEADER = (
 
 @click.command()
 @history_options(seed=1)
-@click.option("--workers", default=1, show_default=True)
-@click.option("--timeout", default=120.0, show_default=True)
-@click.option("--scaling", default="10,25,50,100", show_default=True, help="Client counts ('' to skip).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=120.0, show_default=True,
+              help="Seconds per check; past it the verdict is unknown.")
+@click.option("--scaling", default="10,25,50,100", show_default=True, callback=_client_counts,
+              help="Client counts ('' to skip).")
 @click.option("--profile", is_flag=True, help="cProfile one check of the corrupted history.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (progress on stderr).")
 @click.option("--one", hidden=True, help="Internal: measure one JSON config and print JSON.")
 def main(
     clients: int,
@@ -109,8 +132,9 @@ def main(
     seed: int,
     workers: int,
     timeout: float,
-    scaling: str,
+    scaling: list[int],
     profile: bool,
+    as_json: bool,
     one: str | None,
 ) -> None:
     """Measure the checker on generated histories (linearizable and with one key corrupted)."""
@@ -130,21 +154,30 @@ def main(
     if profile:
         _profile({**base, "corrupt": True})
         return
-    click.echo(f"workload {workload}, info rate {info_rate}, seed {seed}, workers {workers}")
-    click.echo(HEADER)
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+    say(f"workload {workload}, info rate {info_rate}, seed {seed}, workers {workers}")
+    say(HEADER)
+    runs = []
     for corrupt in (False, True):
-        click.echo(_row(_in_child({**base, "corrupt": corrupt})))
-    counts = [int(c) for c in scaling.split(",") if c.strip()]
-    if counts:
-        click.echo(f"\nscaling with concurrency ({n_ops} ops, {keys} keys)")
-        click.echo(HEADER)
-        for c in counts:
+        runs.append(_in_child({**base, "corrupt": corrupt}))
+        say(_row(runs[-1]))
+    sweep = []
+    if scaling:
+        say(f"\nscaling with concurrency ({n_ops} ops, {keys} keys)")
+        say(HEADER)
+        for c in scaling:
             for corrupt in (False, True):
-                click.echo(_row(_in_child({**base, "clients": c, "corrupt": corrupt})))
+                sweep.append(_in_child({**base, "clients": c, "corrupt": corrupt}))
+                say(_row(sweep[-1]))
+    if as_json:
+        click.echo(json.dumps({"config": base, "runs": runs, "scaling": sweep}))
 
 
 def _profile(config: dict[str, Any]) -> None:
-    history, _ = _history(config)
+    try:
+        history, _ = _history(config)
+    except ValueError as e:  # e.g. nothing to corrupt
+        raise click.ClickException(str(e)) from None
     prof = cProfile.Profile()
     prof.enable()
     result = check(history, KV(), timeout_s=config["timeout"])

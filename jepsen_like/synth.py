@@ -211,10 +211,10 @@ def history_options(seed: int = 0):
 
     def apply(fn):
         for opt in reversed((
-            click.option("--clients", default=50, show_default=True),
-            click.option("--ops", "n_ops", default=10_000, show_default=True),
-            click.option("--keys", default=8, show_default=True),
-            click.option("--info-rate", default=0.03, show_default=True),
+            click.option("--clients", type=click.IntRange(min=1), default=50, show_default=True),
+            click.option("--ops", "n_ops", type=click.IntRange(min=1), default=10_000, show_default=True),
+            click.option("--keys", type=click.IntRange(min=1), default=8, show_default=True),
+            click.option("--info-rate", type=click.FloatRange(0.0, 1.0), default=0.03, show_default=True),
             click.option("--workload", type=click.Choice(["kv", "cas"]), default="kv", show_default=True),
             click.option("--seed", default=seed, show_default=True),
         )):
@@ -232,12 +232,18 @@ def main(
     clients: int, n_ops: int, keys: int, info_rate: float, workload: str, seed: int, corrupt: bool, output: str | None
 ) -> None:
     """Write a generated history as JSON Lines (check it with `cellar check --model kv`)."""
-    history, key = generate_with_key(
-        clients=clients, ops=n_ops, keys=keys, info_rate=info_rate, workload=workload, seed=seed, corrupt=corrupt
-    )
+    try:
+        history, key = generate_with_key(
+            clients=clients, ops=n_ops, keys=keys, info_rate=info_rate, workload=workload, seed=seed, corrupt=corrupt
+        )
+    except ValueError as e:  # e.g. nothing to corrupt
+        raise click.ClickException(str(e)) from None
     if output:
-        with open(output, "w", encoding="utf-8") as fp:
-            write_jsonl(history, fp)
+        try:
+            with open(output, "w", encoding="utf-8") as fp:
+                write_jsonl(history, fp)
+        except OSError as e:
+            raise click.ClickException(f"cannot write {output}: {e.strerror or e}") from None
     else:
         write_jsonl(history, sys.stdout)
     if key is not None:

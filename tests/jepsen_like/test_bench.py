@@ -65,3 +65,44 @@ def test_bench_measures_in_a_child_process() -> None:
     row = json.loads(out.stdout)
     assert row["valid"] is False and row["violation_key"] == row["expected_key"]
     assert row["rss_mb"] > 0 and row["verdict_s"] >= 0
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jepsen_like.bench", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_bench_json_is_one_object_with_every_run() -> None:
+    out = _bench("--clients", "4", "--ops", "200", "--keys", "2", "--scaling", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [r["valid"] for r in result["runs"]] == [True, False]
+    assert [(r["clients"], r["valid"]) for r in result["scaling"]] == [(3, True), (3, False)]
+    assert "verdict" in out.stderr  # the table went to stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--clients", "0"], "'--clients'"),
+    (["--info-rate", "1.5"], "'--info-rate'"),
+    (["--workers", "0"], "'--workers'"),
+    (["--timeout", "0"], "'--timeout'"),
+    (["--scaling", "10,x"], "'x' is not a client count"),
+    (["--scaling", "0"], "a client count is at least 1"),
+    (["--ops", "20", "--info-rate", "1", "--scaling", ""], "could not find a read to corrupt"),
+])
+def test_bench_bad_input_is_one_line_and_no_traceback(args: list[str], fragment: str) -> None:
+    out = _bench(*args)
+    assert out.returncode in (1, 2), out
+    assert fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--keys", "0"], "'--keys'"),
+    (["--ops", "20", "--info-rate", "1", "--corrupt"], "could not find a read to corrupt"),
+    (["--ops", "5", "-o", "/nonexistent-dir/h.jsonl"], "cannot write /nonexistent-dir/h.jsonl"),
+])
+def test_synth_bad_input_is_one_line_and_no_traceback(args: list[str], fragment: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "jepsen_like.synth", *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode in (1, 2), out
+    assert fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
