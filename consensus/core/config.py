@@ -1,7 +1,7 @@
 """Static configuration shared by the protocol state machines.
 
 Time is counted in ticks; the driver (simulator or asyncio runtime) decides how long a
-tick is and passes ``tick_ms`` only so that ``from_ms`` can turn milliseconds into
+tick is and passes ``tick_ms`` only so that ``ticks`` can turn milliseconds into
 ticks. Nothing here reads a clock.
 """
 

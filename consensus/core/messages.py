@@ -299,7 +299,11 @@ class Vote(Message):
 
 @_message(42, _INT, _INT)
 class Ping(Message):
-    """Sequencer (leader) heartbeat; also asks for a lease until ``tick + lease``."""
+    """``tick`` >= 0: the sequencer's (leader's) heartbeat, sent at its ``tick``; it also
+    asks for a lease until ``tick + lease``. ``tick`` -1: a notice of ``view`` to a
+    replica that is behind or spoke in an older view (answered, not a heartbeat).
+    ``tick`` -2 (``replica.ALIVE``): any replica's "I am alive", for thrifty quorums and
+    for suspecting dead command leaders."""
 
     view: int
     tick: int
@@ -340,7 +344,9 @@ class RRequest(Message):
 
 @_message(45, _INT, _INT, _INT)
 class RReply(Message):
-    """Execute through ``slot`` and read locally; ``slot`` -1: no lease, use the log."""
+    """``slot`` >= -1: execute through ``slot`` (-1: nothing to wait for) and read
+    locally. ``slot`` -2 (``sdpaxos.READ_VIA_LOG``): no lease, send the read through
+    the log."""
 
     view: int
     rid: int
