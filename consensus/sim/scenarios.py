@@ -106,10 +106,10 @@ def random_schedule(n: int, seconds: float, seed: int) -> list[tuple]:
     """A seeded random fault schedule over the first 70 % of the run, then heal.
 
     At most a minority is crashed at any moment, and a partition's small side is a
-    minority. Isolations, one-way cuts and partitions are drawn without regard to the
-    crashes (nor to each other, until a heal), so together they can leave no connected
-    majority for a while: safety must hold throughout, progress only after the final
-    heal. Slow nodes and loss bursts come and go.
+    minority. Isolations and one-way cuts are drawn without regard to the crashes and
+    add up until a heal or the next partition (which replaces every earlier cut), so
+    together they can leave no connected majority for a while: safety must hold
+    throughout, progress only after the final heal. Slow nodes and loss bursts come and go.
     """
     rng = random.Random(seed)
     f = (n - 1) // 2
